@@ -1,0 +1,38 @@
+# shardwise: every set-up step lives here.  `make train` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH  := torch==2.13.0
+NPROC  ?= 2
+
+.PHONY: install train test test-slow lint bench clean
+
+# The install step pins torch first: an unpinned `torch` would pull the CUDA build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet $(TORCH)
+	$(PIP) install --quiet -e '.[test,all]' $(TORCH)
+	touch $@
+
+install: $(VENV)/.installed
+
+# The main job: the example training run.
+train: install
+	$(PY) examples/train_tiny.py
+
+lint: install
+	$(VENV)/bin/ruff check src tests examples bench
+
+test: lint
+	$(PY) -m pytest -q
+
+test-slow: install
+	$(PY) -m pytest -q -m slow || [ $$? -eq 5 ]  # 5: no slow case collected
+
+bench: install
+	$(PY) bench/run_all.py --quick
+
+clean:
+	rm -rf $(VENV) work_dirs .pytest_cache .ruff_cache

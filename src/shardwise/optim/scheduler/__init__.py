@@ -1,0 +1,3 @@
+"""Parameter schedulers (mmengine-compatible)."""
+
+__all__: list[str] = []
