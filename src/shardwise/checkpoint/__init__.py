@@ -1,0 +1,21 @@
+"""Checkpoint formats (full / sharded / local), the commit protocol and loading."""
+
+from .commit import (
+    LAST_CHECKPOINT,
+    CheckpointCommit,
+    CheckpointError,
+    clean_leftovers,
+    find_last_checkpoint,
+    staging_path,
+    write_last_checkpoint,
+)
+
+__all__ = [
+    "LAST_CHECKPOINT",
+    "CheckpointCommit",
+    "CheckpointError",
+    "clean_leftovers",
+    "find_last_checkpoint",
+    "staging_path",
+    "write_last_checkpoint",
+]

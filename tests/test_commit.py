@@ -1,0 +1,89 @@
+"""The commit protocol: only complete checkpoints become visible; failures leave the old one."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from shardwise.checkpoint import (
+    CheckpointCommit,
+    CheckpointError,
+    clean_leftovers,
+    find_last_checkpoint,
+    staging_path,
+)
+from tests.distributed import DistributedTestError, run_distributed
+
+
+def _save(path, work_dir, value):
+    with CheckpointCommit(path, work_dir=work_dir) as staging:
+        torch.save({"value": value}, staging)
+
+
+def test_a_committed_checkpoint_is_recorded_in_last_checkpoint(tmp_path):
+    _save(tmp_path / "epoch_1.pth", tmp_path, 1)
+    assert find_last_checkpoint(tmp_path) == str(tmp_path / "epoch_1.pth")
+    assert torch.load(tmp_path / "epoch_1.pth", weights_only=True) == {"value": 1}
+    assert not staging_path(tmp_path / "epoch_1.pth").exists()
+
+
+def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path):
+    _save(tmp_path / "ckpt.pth", tmp_path, 1)
+    with pytest.raises(CheckpointError, match="saving .*ckpt.pth failed on rank"):
+        with CheckpointCommit(tmp_path / "ckpt.pth", work_dir=tmp_path) as staging:
+            staging.write_bytes(b"half written")
+            raise OSError(28, "No space left on device")
+    assert torch.load(tmp_path / "ckpt.pth", weights_only=True) == {"value": 1}
+    assert find_last_checkpoint(tmp_path) == str(tmp_path / "ckpt.pth")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pth", "last_checkpoint"]
+
+
+def test_overwriting_a_checkpoint_replaces_it_whole(tmp_path):
+    _save(tmp_path / "ckpt.pth", tmp_path, 1)
+    _save(tmp_path / "ckpt.pth", tmp_path, 2)
+    assert torch.load(tmp_path / "ckpt.pth", weights_only=True) == {"value": 2}
+
+
+def test_the_next_save_cleans_leftovers_of_a_crashed_one(tmp_path):
+    leftover = staging_path(tmp_path / "iter_5")
+    leftover.mkdir()
+    (leftover / "rank0.distcp").write_bytes(b"x")
+    _save(tmp_path / "iter_10.pth", tmp_path, 10)
+    assert not leftover.exists()
+    assert clean_leftovers(tmp_path) == []
+
+
+def test_last_checkpoint_pointing_at_a_missing_path_is_ignored(tmp_path):
+    (tmp_path / "last_checkpoint").write_text(str(tmp_path / "gone.pth"))
+    assert find_last_checkpoint(tmp_path) is None
+
+
+def _save_directory_on_every_rank(path, fail_rank):
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    with CheckpointCommit(path, work_dir=Path(path).parent, is_dir=True) as staging:
+        if rank == fail_rank:
+            raise PermissionError(13, "Permission denied", str(staging))
+        torch.save({"rank": rank}, staging / f"rank{rank}.pth")
+    return sorted(os.listdir(path))
+
+
+def test_every_rank_writes_then_the_directory_is_committed(tmp_path):
+    results = run_distributed(
+        _save_directory_on_every_rank, 2, str(tmp_path / "ckpt"), -1, init_pg=True
+    )
+    assert results == [["rank0.pth", "rank1.pth"]] * 2
+    assert find_last_checkpoint(tmp_path) == str(tmp_path / "ckpt")
+
+
+def test_a_failure_on_one_rank_is_raised_on_every_rank(tmp_path):
+    with pytest.raises(DistributedTestError) as info:
+        run_distributed(_save_directory_on_every_rank, 2, str(tmp_path / "ckpt"), 1, init_pg=True)
+    message = str(info.value)
+    assert "rank 0 failed" in message and "rank 1 failed" in message
+    assert message.count("Permission denied") >= 2
+    assert not (tmp_path / "ckpt").exists()
+    assert not staging_path(tmp_path / "ckpt").exists()
+    assert find_last_checkpoint(tmp_path) is None
