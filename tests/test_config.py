@@ -1,0 +1,402 @@
+"""Config files, inheritance, overrides and dumps, as a user of ``shardwise.config`` sees them."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import pickle
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shardwise.config import (
+    Config,
+    ConfigDict,
+    DictAction,
+    parse_cfg_options,
+    parse_override,
+    parse_value,
+)
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def test_py_config_top_level_names_become_keys(tmp_path):
+    path = write(
+        tmp_path / "cfg.py",
+        """
+        import math
+        from collections import OrderedDict
+        from torch.optim import AdamW
+
+        def helper(x):
+            return x * 2
+
+        __private__ = 1
+        _hidden = 3
+        lr = helper(0.05)
+        model = dict(type='Linear', in_features=4, act=None, sizes=(1, 2))
+        optimizer = dict(type=AdamW, eps=math.sqrt(1e-16))
+        """,
+    )
+    cfg = Config.fromfile(path)
+    assert set(cfg) == {"_hidden", "lr", "model", "optimizer"}
+    assert cfg.lr == 0.1
+    assert cfg.model.sizes == (1, 2)
+    assert cfg.optimizer.type.__name__ == "AdamW"
+    assert cfg.filename == str(path)
+
+
+def test_json_and_yaml_configs_load(tmp_path):
+    data = {"model": {"type": "Linear", "layers": [1, 2]}, "lr": 0.1, "flag": None}
+    json_cfg = Config.fromfile(write(tmp_path / "cfg.json", json.dumps(data)))
+    yaml_cfg = Config.fromfile(write(tmp_path / "cfg.yaml", yaml.safe_dump(data)))
+    yml_cfg = Config.fromfile(write(tmp_path / "cfg.yml", yaml.safe_dump(data)))
+    assert json_cfg.to_dict() == yaml_cfg.to_dict() == yml_cfg.to_dict() == data
+    assert yaml_cfg.model.layers == [1, 2]
+
+
+def test_attribute_and_item_access_reach_nested_values():
+    cfg = Config(dict(model=dict(backbone=dict(depth=50)), sched=[dict(type="LinearLR")]))
+    assert cfg.model.backbone.depth == cfg["model"]["backbone"]["depth"] == 50
+    assert isinstance(cfg.model, ConfigDict) and isinstance(cfg.sched[0], ConfigDict)
+    assert cfg.sched[0].type == "LinearLR"
+    assert "model" in cfg and "missing" not in cfg
+    assert cfg.get("missing", 7) == 7 and cfg.model.get("neck") is None
+    assert list(cfg) == ["model", "sched"] and len(cfg) == 2
+    cfg.model.backbone.frozen = True
+    cfg["work_dir"] = "runs"
+    cfg.extra = dict(a=1)
+    assert cfg.model.backbone["frozen"] is True and cfg.work_dir == "runs"
+    assert isinstance(cfg.extra, ConfigDict)
+    plain = cfg.to_dict()
+    assert type(plain["model"]) is dict and type(plain["sched"][0]) is dict
+
+
+def test_missing_attribute_raises_attribute_error_naming_the_key():
+    cfg = Config(dict(optimizer=dict(lr=0.1)))
+    with pytest.raises(AttributeError, match="'optimzer'.*did you mean 'optimizer'"):
+        _ = cfg.optimzer
+    with pytest.raises(AttributeError, match="'momentum'"):
+        _ = cfg.optimizer.momentum
+    assert not hasattr(cfg.optimizer, "momentum")
+
+
+def test_config_copies_deepcopies_and_pickles(tmp_path):
+    cfg = Config(dict(model=dict(depth=50), t=(1, None)), filename=tmp_path / "c.py")
+    deep = copy.deepcopy(cfg)
+    deep.model.depth = 101
+    assert cfg.model.depth == 50
+    shallow = cfg.copy()
+    shallow.new_key = 1
+    assert "new_key" not in cfg
+    loaded = pickle.loads(pickle.dumps(cfg))
+    assert loaded.to_dict() == cfg.to_dict() and loaded.filename == cfg.filename
+    assert isinstance(loaded.model, ConfigDict)
+    assert pickle.loads(pickle.dumps(cfg.model)) == {"depth": 50}
+
+
+def test_pretty_text_and_repr_show_the_values():
+    cfg = Config(dict(model=dict(type="Linear", bias=False), lr=0.1))
+    assert "model = dict(type='Linear', bias=False)" in cfg.pretty_text
+    assert "'Linear'" in repr(cfg) and "lr" in repr(cfg)
+
+
+# ----------------------------------------------------------------------------- inheritance
+
+
+def test_single_base_is_merged_recursively(tmp_path):
+    write(tmp_path / "base.py", "model = dict(type='Net', depth=50, head=dict(classes=10))\nlr=1")
+    child = write(
+        tmp_path / "child.py",
+        """
+        _base_ = './base.py'
+        model = dict(depth=101, head=dict(dropout=0.5))
+        """,
+    )
+    cfg = Config.fromfile(child)
+    assert cfg.to_dict() == {
+        "model": {"type": "Net", "depth": 101, "head": {"classes": 10, "dropout": 0.5}},
+        "lr": 1,
+    }
+
+
+def test_list_of_bases_of_mixed_formats_merge_in_order(tmp_path):
+    write(tmp_path / "model.py", "model = dict(type='Net', depth=50)")
+    write(tmp_path / "sched.yaml", "sched:\n  type: StepLR\n  step: 3\nlr: 0.1\n")
+    write(tmp_path / "runtime.json", json.dumps({"lr": 0.2, "seed": 0}))
+    child = write(
+        tmp_path / "child.py",
+        """
+        _base_ = ['model.py', 'sched.yaml', 'runtime.json']
+        sched = dict(step=5)
+        """,
+    )
+    cfg = Config.fromfile(child)
+    assert cfg.to_dict() == {
+        "model": {"type": "Net", "depth": 50},
+        "sched": {"type": "StepLR", "step": 5},
+        "lr": 0.2,
+        "seed": 0,
+    }
+
+
+def test_delete_key_replaces_the_base_dict(tmp_path):
+    write(tmp_path / "base.py", "optim = dict(type='SGD', lr=0.1, momentum=0.9)")
+    child = write(
+        tmp_path / "child.py",
+        """
+        _base_ = 'base.py'
+        optim = dict(_delete_=True, type='AdamW', lr=1e-3)
+        """,
+    )
+    assert Config.fromfile(child).optim.to_dict() == {"type": "AdamW", "lr": 1e-3}
+
+
+def test_child_dict_over_base_scalar_needs_delete(tmp_path):
+    write(tmp_path / "base.py", "clip = None\nsched = 'step'")
+    child = write(tmp_path / "child.py", "_base_ = 'base.py'\nclip = dict(max_norm=1)")
+    assert Config.fromfile(child).clip == {"max_norm": 1}
+    bad = write(tmp_path / "bad.py", "_base_ = 'base.py'\nsched = dict(type='x')")
+    with pytest.raises(TypeError, match="sched.*_delete_=True"):
+        Config.fromfile(bad)
+
+
+def test_base_in_subfolder_resolves_relative_to_each_file(tmp_path):
+    write(tmp_path / "_base_" / "models" / "net.py", "model = dict(type='Net')")
+    write(tmp_path / "_base_" / "default.py", "_base_ = 'models/net.py'\nseed = 1")
+    child = write(tmp_path / "exp" / "child.yaml", "_base_: ../_base_/default.py\nseed: 2\n")
+    assert Config.fromfile(child).to_dict() == {"model": {"type": "Net"}, "seed": 2}
+
+
+def test_py_config_reads_base_values_through_base_variable(tmp_path):
+    write(tmp_path / "base.py", "optimizer = dict(type='SGD', lr=0.1)")
+    child = write(
+        tmp_path / "child.py",
+        """
+        _base_ = 'base.py'
+        optimizer = dict(lr=_base_.optimizer.lr * 2)
+        """,
+    )
+    assert Config.fromfile(child).optimizer.to_dict() == {"type": "SGD", "lr": 0.2}
+
+
+def test_base_cycle_raises_naming_the_files(tmp_path):
+    write(tmp_path / "a.py", "_base_ = 'b.py'")
+    write(tmp_path / "b.py", "_base_ = 'a.py'")
+    with pytest.raises(ValueError, match=r"circular _base_.*a\.py -> .*b\.py -> .*a\.py"):
+        Config.fromfile(tmp_path / "a.py")
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_missing_file_error_names_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.py"):
+        Config.fromfile(tmp_path / "nope.py")
+    child = write(tmp_path / "child.py", "_base_ = 'gone.yaml'")
+    with pytest.raises(FileNotFoundError, match=r"gone\.yaml.*child\.py"):
+        Config.fromfile(child)
+
+
+def test_syntax_error_names_file_and_line(tmp_path):
+    path = write(tmp_path / "broken.py", "a = 1\nb = dict(x=\n")
+    with pytest.raises(SyntaxError) as info:
+        Config.fromfile(path)
+    assert info.value.filename == str(path) and info.value.lineno == 2
+    assert "broken.py" in str(info.value) and "line 2" in str(info.value)
+
+
+def test_runtime_error_in_py_config_points_at_the_file(tmp_path):
+    path = write(tmp_path / "boom.py", "a = 1\nb = undefined_name\n")
+    with pytest.raises(NameError) as info:
+        Config.fromfile(path)
+    assert info.traceback[-1].path == path and info.traceback[-1].lineno == 1  # 0-based
+
+
+def test_invalid_json_names_the_file_and_line(tmp_path):
+    path = write(tmp_path / "bad.json", '{"a": 1,\n "b": }')
+    with pytest.raises(ValueError, match=r"bad\.json.*line 2"):
+        Config.fromfile(path)
+
+
+def test_unknown_extension_names_it_and_the_accepted_ones(tmp_path):
+    path = write(tmp_path / "cfg.toml", "a = 1")
+    with pytest.raises(ValueError, match=r"'\.toml'.*\.py, \.json, \.yaml, \.yml"):
+        Config.fromfile(path)
+
+
+# ----------------------------------------------------------------------------- overrides
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1", 1),
+        ("-3", -3),
+        ("0.5", 0.5),
+        ("1e-3", 1e-3),
+        ("true", True),
+        ("False", False),
+        ("None", None),
+        ("none", None),
+        ("null", None),
+        ("[1,2]", [1, 2]),
+        ("[]", []),
+        ("a,b,c", ["a", "b", "c"]),
+        ("(1,2)", (1, 2)),
+        ("(1,)", (1,)),
+        ("[(1, 2), [a, b], c]", [(1, 2), ["a", "b"], "c"]),
+        ("'x'", "x"),
+        ('"1,2"', "1,2"),
+        ("'true'", "true"),
+        ("[\"a,b\", 'c']", ["a,b", "c"]),
+        ("hello world", "hello world"),
+        ("it's", "it's"),
+        ("torch.optim.AdamW", "torch.optim.AdamW"),
+        ("", ""),
+    ],
+)
+def test_override_value_kinds_parse(text, expected):
+    value = parse_value(text)
+    assert value == expected and type(value) is type(expected)
+
+
+def test_override_value_with_unbalanced_brackets_is_an_error():
+    with pytest.raises(ValueError, match=r"\[1,2.*quote"):
+        parse_value("[1,2")
+
+
+def test_override_strings_split_at_the_first_equals_sign():
+    assert parse_override("work_dir=runs/a=b") == ("work_dir", "runs/a=b")
+    assert parse_cfg_options(["model.depth=101", "gpu_ids=0,1", "model.depth=18"]) == {
+        "model.depth": 18,
+        "gpu_ids": [0, 1],
+    }
+    with pytest.raises(ValueError, match="key=value"):
+        parse_override("model.depth")
+
+
+def test_dict_action_collects_cfg_options():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cfg-options", nargs="+", action=DictAction)
+    args = parser.parse_args(["--cfg-options", "a.b=1", "c=[x,y]"])
+    assert args.cfg_options == {"a.b": 1, "c": ["x", "y"]}
+
+
+def test_override_nested_key_list_index_and_new_leaf():
+    cfg = Config(
+        dict(
+            model=dict(backbone=dict(depth=50)),
+            sched=[dict(type="LinearLR", end=5), dict(type="StepLR")],
+            optim=dict(clip_grad=None),
+        )
+    )
+    cfg.merge_from_dict(
+        parse_cfg_options(
+            [
+                "model.backbone.depth=101",
+                "sched.0.end=10",
+                "sched.1=null",
+                "model.backbone.frozen=true",
+                "optim.clip_grad.max_norm=1.0",
+                "seed=3",
+            ]
+        )
+    )
+    assert cfg.to_dict() == {
+        "model": {"backbone": {"depth": 101, "frozen": True}},
+        "sched": [{"type": "LinearLR", "end": 10}, None],
+        "optim": {"clip_grad": {"max_norm": 1.0}},
+        "seed": 3,
+    }
+
+
+def test_override_with_dict_value_merges_unless_delete():
+    cfg = Config(dict(optim=dict(type="SGD", lr=0.1)))
+    cfg.merge_from_dict({"optim": dict(lr=0.2)})
+    assert cfg.optim.to_dict() == {"type": "SGD", "lr": 0.2}
+    cfg.merge_from_dict({"optim": dict(_delete_=True, type="AdamW")})
+    assert cfg.optim.to_dict() == {"type": "AdamW"}
+    assert isinstance(cfg.optim, ConfigDict)
+
+
+def test_override_typo_raises_key_error_naming_path_and_close_match():
+    cfg = Config(dict(model=dict(backbone=dict(depth=50)), lr=0.1))
+    with pytest.raises(KeyError, match=r"'model\.backbon\.depth'.*'backbon'.*'backbone'"):
+        cfg.merge_from_dict({"lr": 1.0, "model.backbon.depth": 101})
+    assert cfg.lr == 0.1  # nothing was applied
+    with pytest.raises(KeyError, match=r"'modle'.*did you mean 'model'"):
+        cfg.merge_from_dict({"modle.backbone.depth": 101})
+
+
+def test_override_bad_list_index_and_path_through_scalar_raise():
+    cfg = Config(dict(sched=[dict(end=1)], lr=0.1))
+    with pytest.raises(KeyError, match=r"'sched' is a list of 1.*'3'"):
+        cfg.merge_from_dict({"sched.3.end": 2})
+    with pytest.raises(KeyError, match=r"'lr' holds 0\.1"):
+        cfg.merge_from_dict({"lr.value": 2})
+    with pytest.raises(KeyError, match="'sched' is a list"):
+        cfg.merge_from_dict({"sched.0.end": 2}, allow_list_keys=False)
+
+
+# ----------------------------------------------------------------------------- dumping
+
+ROUND_TRIP = dict(
+    model=dict(type="Net", sizes=(1, 2), single=(3,), act=None, bias=False, nested=[dict(a=[])]),
+    quotes='it\'s "quoted"\n',
+    scale=float("inf"),
+    weird_keys={"with-dash": 1, 2: "int key"},
+    empty=dict(),
+    long=list(range(60)),
+)
+
+
+def test_py_dump_loads_back_equal(tmp_path):
+    cfg = Config(ROUND_TRIP)
+    cfg.dump(tmp_path / "out.py")
+    assert Config.fromfile(tmp_path / "out.py").to_dict() == ROUND_TRIP
+    assert cfg.dump() == (tmp_path / "out.py").read_text()
+
+
+def test_py_dump_of_loaded_inherited_config_round_trips(tmp_path):
+    write(tmp_path / "base.py", "model = dict(type='Net', depth=50)")
+    write(tmp_path / "child.py", "_base_ = 'base.py'\nmodel = dict(depth=101)\ndict = 3")
+    cfg = Config.fromfile(tmp_path / "child.py")
+    cfg.dump(tmp_path / "out.py")
+    assert Config.fromfile(tmp_path / "out.py").to_dict() == cfg.to_dict()
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml", ".yml"])
+def test_json_and_yaml_dumps_load_back_with_tuples_as_lists(tmp_path, suffix):
+    data = dict(model=dict(type="Net", sizes=(1, 2), act=None), lr=0.1, names=["a", "b'c"])
+    Config(data).dump(tmp_path / f"out{suffix}")
+    loaded = Config.fromfile(tmp_path / f"out{suffix}").to_dict()
+    assert loaded == dict(
+        model=dict(type="Net", sizes=[1, 2], act=None), lr=0.1, names=data["names"]
+    )
+
+
+def test_dump_refuses_non_literal_values_naming_the_key(tmp_path):
+    cfg = Config(dict(optimizer=dict(type=pickle.Pickler)))
+    with pytest.raises(TypeError, match=r"'optimizer\.type'.*import path.*'_pickle\.Pickler'"):
+        cfg.dump(tmp_path / "out.py")
+    with pytest.raises(TypeError, match=r"'optimizer\.type'"):
+        cfg.dump(tmp_path / "out.json")
+    assert not (tmp_path / "out.py").exists()
+    assert "Pickler" in cfg.pretty_text  # display still works
+
+
+def test_dump_to_unknown_extension_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"'\.toml'"):
+        Config(dict(a=1)).dump(tmp_path / "out.toml")
