@@ -1,0 +1,448 @@
+"""Launcher inference, process-group setup, device choice and rank helpers.
+
+Every helper works without a process group: rank 0, world size 1, collectives are
+identities. With one, tensors are communicated where the backend wants them: CPU
+tensors on gloo; on NCCL a CPU tensor is moved to the current CUDA device for the
+collective and its result copied back in place.
+
+Example::
+
+    from shardwise import dist
+
+    dist.init_dist(dist.infer_launcher(), timeout=600)
+    loss = dist.all_reduce(loss.detach().clone(), op='mean')
+    if dist.is_main_process():
+        print(loss)
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as torch_dist
+from torch.distributed import ProcessGroup
+
+__all__ = [
+    "LAUNCHERS",
+    "REDUCE_OPS",
+    "all_gather_object",
+    "all_reduce",
+    "barrier",
+    "broadcast",
+    "broadcast_object",
+    "get_backend",
+    "get_device",
+    "get_dist_info",
+    "get_local_rank",
+    "get_local_size",
+    "get_rank",
+    "get_world_size",
+    "infer_launcher",
+    "init_dist",
+    "is_distributed",
+    "is_main_process",
+    "master_only",
+    "parse_slurm_nodelist",
+]
+
+logger = logging.getLogger(__name__)
+
+LAUNCHERS = ("pytorch", "slurm", "mpi", "none")
+REDUCE_OPS = ("sum", "mean", "max", "min", "product")
+DEFAULT_PORT = 29500
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def infer_launcher() -> str:
+    """Guess how this process was launched from its environment.
+
+    Returns ``'pytorch'`` under torchrun (``LOCAL_RANK``, ``TORCHELASTIC_RUN_ID`` or
+    ``RANK`` + ``WORLD_SIZE``), ``'slurm'`` inside an ``srun`` step (``SLURM_NTASKS``
+    and ``SLURM_PROCID``), ``'mpi'`` under Open MPI (``OMPI_COMM_WORLD_LOCAL_RANK``)
+    and ``'none'`` otherwise.
+    """
+    env = os.environ
+    if (
+        "LOCAL_RANK" in env
+        or "TORCHELASTIC_RUN_ID" in env
+        or ("RANK" in env and "WORLD_SIZE" in env)
+    ):
+        return "pytorch"
+    if "SLURM_NTASKS" in env and "SLURM_PROCID" in env:
+        return "slurm"
+    if "OMPI_COMM_WORLD_LOCAL_RANK" in env:
+        return "mpi"
+    return "none"
+
+
+def init_dist(
+    launcher: str,
+    backend: str | None = None,
+    timeout: float | datetime.timedelta | None = None,
+    **kwargs: Any,
+) -> None:
+    """Initialise the default process group for ``launcher``.
+
+    Args:
+        launcher: ``'pytorch'`` (torchrun), ``'slurm'``, ``'mpi'`` (Open MPI) or
+            ``'none'`` (do nothing).
+        backend: ``'nccl'`` when CUDA is available, else ``'gloo'``, by default.
+        timeout: rendezvous and collective timeout, in seconds or as a timedelta.
+            An unreachable rendezvous raises ``RuntimeError`` after it.
+        **kwargs: ``port`` (used for ``MASTER_PORT`` when the environment has none;
+            default 29500); the rest go to ``torch.distributed.init_process_group``.
+
+    SLURM: ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` come from ``SLURM_PROCID``/
+    ``SLURM_NTASKS``/``SLURM_LOCALID``; ``MASTER_ADDR`` (unless set) is the first host
+    of ``SLURM_NODELIST``. Open MPI: from the ``OMPI_COMM_WORLD_*`` variables;
+    ``MASTER_ADDR`` must be set when the job spans several nodes. ``MASTER_PORT`` is
+    the environment's, else ``port``, else 29500. An already initialised process
+    group is kept as it is.
+    """
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"Unknown launcher {launcher!r}; expected one of {list(LAUNCHERS)}.")
+    timeout = _as_timedelta(timeout)
+    if launcher == "none":
+        return
+    if not torch_dist.is_available():
+        raise RuntimeError("torch.distributed is not available in this PyTorch build.")
+    if torch_dist.is_initialized():
+        logger.info(
+            "Process group already initialised (backend %s, rank %d of %d); reusing it.",
+            torch_dist.get_backend(),
+            torch_dist.get_rank(),
+            torch_dist.get_world_size(),
+        )
+        return
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    port = kwargs.pop("port", None)
+
+    if launcher == "slurm":
+        _setup_slurm_env(port)
+    elif launcher == "mpi":
+        _setup_mpi_env(port)
+    else:
+        _setup_torchrun_env(port)
+
+    local_rank = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if "nccl" in backend and local_rank >= count:
+            raise ValueError(
+                f"LOCAL_RANK={local_rank} but this node has only {count} CUDA device(s); "
+                "start at most one process per GPU."
+            )
+        torch.cuda.set_device(local_rank % count)
+
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    addr, port_str = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        torch_dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **kwargs)
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        waited = f" within {timeout.total_seconds():g} s" if timeout is not None else ""
+        raise RuntimeError(
+            f"Could not join the process group at {addr}:{port_str} as rank {rank} of "
+            f"{world_size}{waited} (launcher {launcher!r}, backend {backend!r}): {exc}\n"
+            "Check that rank 0 is running and listening on MASTER_ADDR:MASTER_PORT, that "
+            "this host can reach it (firewall, network interface), and that every rank "
+            "uses the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE."
+        ) from exc
+    logger.info(
+        "Initialised process group: launcher %s, backend %s, rank %d of %d, master %s:%s.",
+        launcher,
+        backend,
+        rank,
+        world_size,
+        addr,
+        port_str,
+    )
+
+
+def parse_slurm_nodelist(nodelist: str) -> list[str]:
+    """Expand a SLURM node list such as ``'node[01-03,7],login'`` into host names.
+
+    Uses ``scontrol show hostnames`` when it is installed, else a parser of the
+    common forms (comma separated names, one bracketed range/list per name).
+    """
+    if shutil.which("scontrol"):
+        try:
+            out = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout.split()
+            if out:
+                return out
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return _expand_nodelist(nodelist)
+
+
+def _expand_nodelist(nodelist: str) -> list[str]:
+    # Items are separated by commas outside brackets: 'gpu[01-02,05],login1'.
+    items = re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", nodelist)
+    hosts = [host for item in items for host in _expand_host(item)]
+    if not hosts:
+        raise ValueError(f"Cannot parse SLURM node list {nodelist!r}.")
+    return hosts
+
+
+def _expand_host(pattern: str) -> list[str]:
+    match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", pattern)
+    if match is None:
+        return [pattern]
+    prefix, ranges, rest = match.groups()
+    heads: list[str] = []
+    for part in ranges.split(","):
+        lo, _, hi = part.partition("-")
+        if hi:
+            heads.extend(f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1))
+        else:
+            heads.append(prefix + lo)
+    return [head + tail for head in heads for tail in _expand_host(rest)]
+
+
+def _as_timedelta(timeout: float | datetime.timedelta | None) -> datetime.timedelta | None:
+    if timeout is None or isinstance(timeout, datetime.timedelta):
+        return timeout
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+        return datetime.timedelta(seconds=timeout)
+    raise TypeError(
+        f"timeout must be a positive number of seconds or a datetime.timedelta, got {timeout!r}."
+    )
+
+
+def _require_env(launcher: str, names: tuple[str, ...], hint: str) -> None:
+    missing = [name for name in names if name not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"launcher={launcher!r} needs the environment variables {missing}; {hint}"
+        )
+
+
+def _setup_torchrun_env(port: int | None) -> None:
+    _require_env(
+        "pytorch",
+        ("RANK", "WORLD_SIZE", "MASTER_ADDR"),
+        "start the script with torchrun (python -m torch.distributed.run).",
+    )
+    os.environ.setdefault("MASTER_PORT", str(port or DEFAULT_PORT))
+
+
+def _setup_slurm_env(port: int | None) -> None:
+    if "SLURM_NODELIST" not in os.environ and "SLURM_JOB_NODELIST" in os.environ:
+        os.environ["SLURM_NODELIST"] = os.environ["SLURM_JOB_NODELIST"]
+    _require_env(
+        "slurm",
+        ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODELIST"),
+        "start the script with srun inside a SLURM allocation.",
+    )
+    proc_id = int(os.environ["SLURM_PROCID"])
+    if "MASTER_ADDR" not in os.environ:
+        os.environ["MASTER_ADDR"] = parse_slurm_nodelist(os.environ["SLURM_NODELIST"])[0]
+    os.environ.setdefault("MASTER_PORT", str(port or DEFAULT_PORT))
+    os.environ["RANK"] = str(proc_id)
+    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+    if "SLURM_LOCALID" in os.environ:
+        os.environ["LOCAL_RANK"] = os.environ["SLURM_LOCALID"]
+    else:
+        os.environ["LOCAL_RANK"] = str(proc_id % max(torch.cuda.device_count(), 1))
+    per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "")
+    if per_node.isdigit():
+        os.environ["LOCAL_WORLD_SIZE"] = per_node
+
+
+def _setup_mpi_env(port: int | None) -> None:
+    names = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")
+    _require_env("mpi", names, "start the script with Open MPI's mpirun.")
+    env = os.environ
+    world_size = env["OMPI_COMM_WORLD_SIZE"]
+    local_size = env.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    if "MASTER_ADDR" not in env:
+        if local_size != world_size:
+            raise RuntimeError(
+                "launcher='mpi' across several nodes needs MASTER_ADDR (the host of rank 0); "
+                "pass it with `mpirun -x MASTER_ADDR=<host> ...`."
+            )
+        env["MASTER_ADDR"] = "127.0.0.1"
+    env.setdefault("MASTER_PORT", str(port or DEFAULT_PORT))
+    env["RANK"] = env["OMPI_COMM_WORLD_RANK"]
+    env["WORLD_SIZE"] = world_size
+    env["LOCAL_RANK"] = env["OMPI_COMM_WORLD_LOCAL_RANK"]
+    if local_size is not None:
+        env["LOCAL_WORLD_SIZE"] = local_size
+
+
+# --------------------------------------------------------------------------- ranks
+
+
+def is_distributed() -> bool:
+    """Whether a default process group is initialised."""
+    return torch_dist.is_available() and torch_dist.is_initialized()
+
+
+def get_rank(group: ProcessGroup | None = None) -> int:
+    """Rank of this process in ``group`` (default group); 0 when not distributed."""
+    return torch_dist.get_rank(group) if is_distributed() else 0
+
+
+def get_world_size(group: ProcessGroup | None = None) -> int:
+    """Number of processes in ``group`` (default group); 1 when not distributed."""
+    return torch_dist.get_world_size(group) if is_distributed() else 1
+
+
+def get_dist_info(group: ProcessGroup | None = None) -> tuple[int, int]:
+    """``(rank, world_size)`` of ``group``."""
+    return get_rank(group), get_world_size(group)
+
+
+def get_local_size() -> int:
+    """Processes on this node: ``LOCAL_WORLD_SIZE`` as set by the launcher.
+
+    Without it: 1 when not distributed, else the world size (a single node).
+    """
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        return int(os.environ["LOCAL_WORLD_SIZE"])
+    return get_world_size()
+
+
+def get_local_rank() -> int:
+    """Rank of this process on its node: ``LOCAL_RANK`` as set by the launcher.
+
+    Without it: 0 when not distributed, else the global rank (a single node).
+    """
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    return get_rank()
+
+
+def is_main_process(group: ProcessGroup | None = None) -> bool:
+    """Whether this process is rank 0 of ``group``."""
+    return get_rank(group) == 0
+
+
+def master_only(func: F) -> F:
+    """Decorator: run ``func`` on rank 0 only; other ranks get ``None``."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if is_main_process():
+            return func(*args, **kwargs)
+        return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def get_backend(group: ProcessGroup | None = None) -> str | None:
+    """Backend name of ``group`` (e.g. ``'gloo'``, ``'nccl'``); ``None`` when not distributed."""
+    return str(torch_dist.get_backend(group)) if is_distributed() else None
+
+
+def get_device() -> torch.device:
+    """``cuda:<local rank>`` when CUDA is available, else ``cpu``."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", get_local_rank() % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+def barrier(group: ProcessGroup | None = None) -> None:
+    """Wait until every process of ``group`` gets here; nothing when not distributed."""
+    if is_distributed():
+        torch_dist.barrier(group)
+
+
+def _comm_device(group: ProcessGroup | None) -> torch.device | None:
+    """The device the backend needs tensors on, or ``None`` for wherever they are."""
+    if "nccl" in (get_backend(group) or ""):
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
+def _run_in_place(tensor: torch.Tensor, group: ProcessGroup | None, op: Callable) -> None:
+    device = _comm_device(group)
+    if device is None or tensor.device == device:
+        op(tensor)
+        return
+    staged = tensor.to(device)
+    op(staged)
+    tensor.copy_(staged)
+
+
+def broadcast(
+    tensor: torch.Tensor, src: int = 0, group: ProcessGroup | None = None
+) -> torch.Tensor:
+    """Overwrite ``tensor`` in place with the one on global rank ``src``; return it."""
+    if is_distributed():
+        _run_in_place(tensor, group, lambda t: torch_dist.broadcast(t, src=src, group=group))
+    return tensor
+
+
+def all_reduce(
+    tensor: torch.Tensor, op: str = "sum", group: ProcessGroup | None = None
+) -> torch.Tensor:
+    """Reduce ``tensor`` across ``group`` in place and return it.
+
+    ``op`` is one of ``'sum'``, ``'mean'``, ``'max'``, ``'min'``, ``'product'``.
+    ``'mean'`` is a sum divided by the world size (so it works on gloo) and needs a
+    floating point or complex tensor.
+    """
+    name = op.lower() if isinstance(op, str) else op
+    if name not in REDUCE_OPS:
+        raise ValueError(f"Unknown reduce op {op!r}; expected one of {list(REDUCE_OPS)}.")
+    if name == "mean" and not (tensor.is_floating_point() or tensor.is_complex()):
+        raise TypeError(
+            f"all_reduce(op='mean') needs a floating point tensor, got {tensor.dtype}; "
+            "convert it with .float() first."
+        )
+    if not is_distributed():
+        return tensor
+    reduce_op = {
+        "sum": torch_dist.ReduceOp.SUM,
+        "mean": torch_dist.ReduceOp.SUM,
+        "max": torch_dist.ReduceOp.MAX,
+        "min": torch_dist.ReduceOp.MIN,
+        "product": torch_dist.ReduceOp.PRODUCT,
+    }[name]
+    _run_in_place(tensor, group, lambda t: torch_dist.all_reduce(t, op=reduce_op, group=group))
+    if name == "mean":
+        tensor.div_(get_world_size(group))
+    return tensor
+
+
+def broadcast_object(obj: Any, src: int = 0, group: ProcessGroup | None = None) -> Any:
+    """Return global rank ``src``'s ``obj`` (any picklable object) on every rank."""
+    if not is_distributed():
+        return obj
+    holder = [obj]
+    torch_dist.broadcast_object_list(holder, src=src, group=group, device=_comm_device(group))
+    return holder[0]
+
+
+def all_gather_object(obj: Any, group: ProcessGroup | None = None) -> list[Any]:
+    """Return the list of every rank's ``obj``, in rank order."""
+    if not is_distributed():
+        return [obj]
+    gathered: list[Any] = [None] * get_world_size(group)
+    torch_dist.all_gather_object(gathered, obj, group=group)
+    return gathered
