@@ -1,0 +1,81 @@
+"""Build parameter schedulers from config, with mmengine's ``convert_to_iter_based`` key.
+
+Example::
+
+    >>> import torch
+    >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    >>> scheds = build_param_scheduler(
+    ...     [dict(type='LinearLR', start_factor=0.1, by_epoch=False, end=10),
+    ...      dict(type='CosineAnnealingLR', begin=1, end=5, convert_to_iter_based=True)],
+    ...     opt, epoch_length=10)
+    >>> [(s.begin, s.end, s.by_epoch) for s in scheds]
+    [(0, 10, False), (10, 50, False)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, overload
+
+from shardwise.registry import PARAM_SCHEDULERS
+
+from .param_scheduler import OptimizerType, _ParamScheduler
+
+__all__ = ["build_param_scheduler"]
+
+SchedulerCfg = Mapping[str, Any] | _ParamScheduler
+
+
+@overload
+def build_param_scheduler(
+    cfg: SchedulerCfg, optimizer: OptimizerType, epoch_length: int | None = None
+) -> _ParamScheduler: ...
+
+
+@overload
+def build_param_scheduler(
+    cfg: Sequence[SchedulerCfg], optimizer: OptimizerType, epoch_length: int | None = None
+) -> list[_ParamScheduler]: ...
+
+
+def build_param_scheduler(
+    cfg: SchedulerCfg | Sequence[SchedulerCfg],
+    optimizer: OptimizerType,
+    epoch_length: int | None = None,
+) -> _ParamScheduler | list[_ParamScheduler]:
+    """Build a scheduler from ``cfg`` (a dict with ``type``), or a list from a list of them.
+
+    A built scheduler is passed through. ``convert_to_iter_based=True`` in a config turns an
+    epoch-based config into an iteration-based scheduler through the class's
+    ``build_iter_from_epoch``; it needs ``epoch_length``, the number of iterations per epoch.
+    ``optimizer`` may be a torch optimizer or an optimizer wrapper (with ``.optimizer``).
+    """
+    if isinstance(cfg, _ParamScheduler):
+        return cfg
+    if isinstance(cfg, Sequence) and not isinstance(cfg, str):
+        return [build_param_scheduler(c, optimizer, epoch_length) for c in cfg]
+    if not isinstance(cfg, Mapping):
+        raise TypeError(
+            f"a param_scheduler config must be a dict with a 'type' key (or a list of them, or a "
+            f"built scheduler), got {type(cfg).__name__}: {cfg!r}"
+        )
+    cfg = dict(cfg)
+    if not cfg.pop("convert_to_iter_based", False):
+        return PARAM_SCHEDULERS.build(cfg, default_args={"optimizer": optimizer})
+    if epoch_length is None:
+        raise ValueError(
+            f"convert_to_iter_based=True needs epoch_length (iterations per epoch, e.g. "
+            f"len(train_dataloader)), got None for {cfg!r}; pass epoch_length= or drop "
+            f"convert_to_iter_based"
+        )
+    if "type" not in cfg:
+        raise KeyError(f"a param_scheduler config needs a 'type' key, got keys {sorted(cfg)}")
+    cls = PARAM_SCHEDULERS.get(cfg.pop("type"))
+    if not hasattr(cls, "build_iter_from_epoch"):
+        raise TypeError(
+            f"{getattr(cls, '__name__', cls)!r} has no build_iter_from_epoch(), so "
+            f"convert_to_iter_based=True cannot convert it; give it by_epoch=False with "
+            f"iteration counts instead"
+        )
+    cfg.setdefault("optimizer", optimizer)
+    return cls.build_iter_from_epoch(epoch_length=epoch_length, **cfg)
