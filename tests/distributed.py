@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import subprocess
@@ -58,7 +59,9 @@ def _worker(fn, rank, world_size, port, init_pg, env, args, kwargs, results) -> 
             import torch.distributed as dist
 
             dist.init_process_group("gloo", rank=rank, world_size=world_size)
-        value = fn(*args, **kwargs)
+        # Plain pickle copies tensors into the message; the queue's own pickler would share
+        # them through file descriptors that vanish when this process exits.
+        value = pickle.dumps(fn(*args, **kwargs))
         results.put((rank, True, value))
     except BaseException:  # noqa: BLE001 - every failure is reported to the test
         results.put((rank, False, traceback.format_exc()))
@@ -135,7 +138,7 @@ def run_distributed(
         if missing:
             parts.append(f"--- ranks {missing} gave no result within {timeout:.0f} s ---")
         raise DistributedTestError("\n".join(parts))
-    return [outcomes[r][1] for r in range(world_size)]
+    return [pickle.loads(outcomes[r][1]) for r in range(world_size)]
 
 
 def run_torchrun(

@@ -180,8 +180,7 @@ def build_from_cfg(
         raise TypeError(f"cfg must be a dict, got {type(cfg).__name__}: {cfg!r}")
     if "type" not in cfg and (default_args is None or "type" not in default_args):
         raise KeyError(
-            f"a config for the {registry.name} registry needs a 'type' key, got keys "
-            f"{sorted(cfg)}"
+            f"a config for the {registry.name} registry needs a 'type' key, got keys {sorted(cfg)}"
         )
     if default_args is not None and not isinstance(default_args, Mapping):
         raise TypeError(f"default_args must be a dict or None, got {default_args!r}")

@@ -1,0 +1,847 @@
+"""BaseStrategy: where and how a model trains, and what goes into its checkpoints.
+
+A strategy sets up the environment (launcher, process group, randomness, logger), turns
+configs into a model, an optimizer wrapper and parameter schedulers (:meth:`prepare`), and
+saves and loads checkpoints. Subclasses vary only how a model is placed and wrapped
+(:meth:`_wrap_model`) and, for sharded training, how state is gathered and stored.
+
+Example::
+
+    >>> strategy = SingleDeviceStrategy(work_dir='work_dirs/demo')
+    >>> model, optim_wrapper = strategy.prepare(
+    ...     torch.nn.Linear(2, 1), optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)))
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+import shardwise
+from shardwise import dist
+from shardwise.checkpoint import CheckpointCommit, find_last_checkpoint
+from shardwise.checkpoint.full import load_full_checkpoint, save_full_checkpoint
+from shardwise.env import (
+    capture_rng_state,
+    collect_env,
+    restore_rng_state,
+    set_multi_processing,
+    set_random_seed,
+    set_resource_limit,
+)
+from shardwise.logging import get_logger
+from shardwise.optim import (
+    OptimWrapper,
+    OptimWrapperDict,
+    build_optim_wrapper,
+    build_param_scheduler,
+)
+from shardwise.optim.scheduler import _ParamScheduler
+from shardwise.registry import MODELS
+
+__all__ = ["BaseStrategy"]
+
+DEFAULT_REVISE_KEYS = [(r"^module\.", "")]
+_RESERVED_CKPT_KEYS = ("state_dict", "optimizer", "param_schedulers")
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's module inside a DDP-style wrapper (``.module``), or the model itself."""
+    return model.module if isinstance(getattr(model, "module", None), nn.Module) else model
+
+
+class BaseStrategy:
+    """Base class of the strategies; see the module docstring.
+
+    Args:
+        work_dir: where checkpoints, logs and ``last_checkpoint`` go.
+        experiment_name: defaults to the timestamp of this run.
+        env_kwargs: ``launcher`` (inferred when absent), ``cudnn_benchmark``, ``mp_cfg``,
+            ``dist_cfg`` (``backend``, ``timeout``), ``resource_limit`` (``RLIMIT_NOFILE``
+            target), ``randomness=dict(seed, diff_rank_seed, deterministic)``.
+        log_kwargs: ``log_level`` and ``log_file`` for the logger.
+        auto_scale_lr: ``dict(enable=True, base_batch_size=N)`` scales every LR by
+            ``world_size * train_micro_batch_size_per_gpu / N``.
+    """
+
+    model: nn.Module
+    optim_wrapper: OptimWrapper
+    param_schedulers: list[_ParamScheduler] | dict[str, list[_ParamScheduler]]
+
+    def __init__(
+        self,
+        *,
+        work_dir: str | os.PathLike[str] = "work_dirs",
+        experiment_name: str | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        log_kwargs: Mapping[str, Any] | None = None,
+        auto_scale_lr: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._auto_scale_lr = _check_auto_scale_lr(auto_scale_lr)
+        self._env_kwargs = dict(env_kwargs or {})
+        self._work_dir = Path(work_dir).absolute()
+        self._setup_env(**self._env_kwargs)
+        self._experiment_name = experiment_name or self._timestamp
+        self._log_dir = self._work_dir / self._timestamp
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        self.logger = self.build_logger(**(log_kwargs or {}))
+        self.dispatch_kwargs: dict[str, Any] = {}
+        self._prepared = False
+
+    # ------------------------------------------------------------------ environment
+    def _setup_env(
+        self,
+        *,
+        launcher: str | None = None,
+        cudnn_benchmark: bool = False,
+        mp_cfg: Mapping[str, Any] | None = None,
+        dist_cfg: Mapping[str, Any] | None = None,
+        resource_limit: int = 4096,
+        randomness: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._launcher = dist.infer_launcher() if launcher is None else launcher
+        self._distributed = self._launcher != "none" or dist.is_distributed()
+        set_multi_processing(**(mp_cfg or {}), distributed=self._distributed)
+        if self._launcher != "none" and not dist.is_distributed():
+            dist.init_dist(self._launcher, **(dist_cfg or {}))
+        if cudnn_benchmark:
+            torch.backends.cudnn.benchmark = True
+        set_resource_limit(resource_limit)
+        self._set_randomness(**(randomness or {}))
+        stamp = torch.tensor(time.time(), dtype=torch.float64)
+        dist.broadcast(stamp, src=0)
+        self._timestamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(stamp.item()))
+
+    def _set_randomness(
+        self, seed: int | None = None, diff_rank_seed: bool = False, deterministic: bool = False
+    ) -> None:
+        seed = set_random_seed(seed, deterministic=deterministic, diff_rank_seed=diff_rank_seed)
+        self._randomness = dict(
+            seed=seed, diff_rank_seed=diff_rank_seed, deterministic=deterministic
+        )
+
+    def build_logger(self, log_level: str | int = "INFO", log_file: str | None = None):
+        """The run's logger: rank 0 on the console, every rank into ``log_dir``."""
+        log_file = log_file or str(self._log_dir / f"{self._timestamp}.log")
+        return get_logger("shardwise", log_file=log_file, log_level=log_level)
+
+    @property
+    def work_dir(self) -> str:
+        return str(self._work_dir)
+
+    @property
+    def log_dir(self) -> str:
+        return str(self._log_dir)
+
+    @property
+    def experiment_name(self) -> str:
+        return self._experiment_name
+
+    @property
+    def launcher(self) -> str:
+        return self._launcher
+
+    @property
+    def distributed(self) -> bool:
+        return self._distributed
+
+    @property
+    def seed(self) -> int:
+        return self._randomness["seed"]
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank()
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size()
+
+    @property
+    def timestamp(self) -> str:
+        return self._timestamp
+
+    @property
+    def randomness(self) -> dict[str, Any]:
+        return dict(self._randomness)
+
+    @property
+    def device(self) -> torch.device:
+        """The device this rank trains on: its CUDA device when CUDA is available, else CPU."""
+        return dist.get_device()
+
+    def collect_env(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(system_env, runtime_env)``: the machine, and how this strategy set it up."""
+        runtime_env = dict(self._env_kwargs)
+        runtime_env.update(self._randomness)
+        runtime_env.update(
+            {
+                "Distributed launcher": self.launcher,
+                "Distributed training": self.distributed,
+                "World size": self.world_size,
+                "Strategy": type(self).__name__,
+            }
+        )
+        return collect_env(), runtime_env
+
+    # ------------------------------------------------------------------ prepare
+    def prepare(
+        self,
+        model: nn.Module | Mapping[str, Any],
+        *,
+        optim_wrapper: Any = None,
+        param_scheduler: Any = None,
+        compile: bool | Mapping[str, Any] = False,
+        dispatch_kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Build, initialise, wrap and compile the model; build its optimizer wrapper and
+        schedulers. Returns ``model``, ``[model, optim_wrapper]`` or
+        ``[model, optim_wrapper, param_schedulers]``. Calling it again returns the same
+        objects.
+
+        ``dispatch_kwargs`` carries what the training loop knows: ``max_iters``,
+        ``max_epochs``, ``epoch_length``, ``train_micro_batch_size_per_gpu``.
+        """
+        if self._prepared:
+            return self._prepared_components()
+        self._check_prepare_args(model, optim_wrapper, param_scheduler, dispatch_kwargs)
+        self.dispatch_kwargs.update(dispatch_kwargs or {})
+        model = self.build_model(model)
+        model = self._init_model_weights(model)
+        model = self._wrap_model(model)
+        model = self.compile_model(model, compile=compile)
+        self.model = model
+        if optim_wrapper is not None:
+            self.optim_wrapper = self.build_optim_wrapper(optim_wrapper, model)
+            self._scale_lr()
+            self._initialize_accumulation()
+        if param_scheduler is not None:
+            self.param_schedulers = self.build_param_scheduler(param_scheduler, self.optim_wrapper)
+        self._prepared = True
+        return self._prepared_components()
+
+    def _check_prepare_args(
+        self,
+        model: Any,
+        optim_wrapper: Any,
+        param_scheduler: Any,
+        dispatch_kwargs: Mapping[str, Any] | None,
+    ) -> None:
+        """Refuse bad input before anything is built."""
+        if not isinstance(model, nn.Module | Mapping):
+            raise TypeError(
+                f"model must be an nn.Module or a config dict with a 'type' key, got "
+                f"{type(model).__name__}: {model!r}"
+            )
+        if param_scheduler is not None and optim_wrapper is None:
+            raise ValueError(
+                "param_scheduler was given without optim_wrapper: schedulers act on an "
+                "optimizer, so pass optim_wrapper=... to prepare() as well"
+            )
+        kwargs = {**self.dispatch_kwargs, **(dispatch_kwargs or {})}
+        if self._auto_scale_lr and self._auto_scale_lr.get("enable", False):
+            if "train_micro_batch_size_per_gpu" not in kwargs:
+                raise ValueError(
+                    "auto_scale_lr is enabled but dispatch_kwargs has no "
+                    "'train_micro_batch_size_per_gpu'; pass it to prepare(dispatch_kwargs=...)"
+                )
+            if _contains_built_scheduler(param_scheduler):
+                raise RuntimeError(
+                    "auto_scale_lr cannot scale the LR of pre-built parameter schedulers: "
+                    "they have recorded their initial LR already; pass scheduler configs"
+                )
+        counts = getattr(optim_wrapper, "_accumulative_counts", None)
+        if isinstance(optim_wrapper, Mapping):
+            counts = optim_wrapper.get("accumulative_counts")
+        if counts not in (None, 1) and "max_iters" not in kwargs:
+            raise ValueError(
+                f"accumulative_counts={counts} needs dispatch_kwargs['max_iters'] to scale the "
+                "last, incomplete accumulation window; pass it to prepare(dispatch_kwargs=...)"
+            )
+
+    def _prepared_components(self) -> Any:
+        items: list[Any] = [self.model]
+        if hasattr(self, "optim_wrapper"):
+            items.append(self.optim_wrapper)
+        if hasattr(self, "param_schedulers"):
+            items.append(self.param_schedulers)
+        return items[0] if len(items) == 1 else items
+
+    def build_model(self, model: nn.Module | Mapping[str, Any]) -> nn.Module:
+        """Return ``model`` itself, or build it from a config through ``MODELS``."""
+        if isinstance(model, nn.Module):
+            return model
+        if isinstance(model, Mapping):
+            built = MODELS.build(model)
+            if not isinstance(built, nn.Module):
+                raise TypeError(
+                    f"the model config {dict(model)} built a {type(built).__name__},"
+                    " not an nn.Module"
+                )
+            return built
+        raise TypeError(f"model must be an nn.Module or a config dict, got {type(model).__name__}")
+
+    def compile_model(self, model: nn.Module, compile: bool | Mapping[str, Any] = False):
+        """``torch.compile`` the model's ``target`` method (``forward`` by default).
+
+        ``compile=True`` uses torch's defaults; a dict gives ``target`` and the keyword
+        arguments of ``torch.compile`` (``backend``, ``mode``, ``dynamic``, ...).
+        """
+        if not compile:
+            return model
+        cfg = {} if compile is True else dict(compile)
+        target = cfg.pop("target", "forward")
+        setattr(model, target, torch.compile(getattr(model, target), **cfg))
+        self.logger.info(
+            "Compiled %s.%s; the first iterations will be slow.", type(model).__name__, target
+        )
+        return model
+
+    def _init_model_weights(self, model: nn.Module) -> nn.Module:
+        """Run ``init_weights()`` when the model has it; then every rank takes rank 0's
+        parameters and buffers so that all ranks start from the same weights."""
+        if hasattr(model, "init_weights") and self.dispatch_kwargs.get(
+            "init_weights_for_test_or_val", True
+        ):
+            model.init_weights()
+        if self.world_size > 1:
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+        return model
+
+    def _wrap_model(self, model: nn.Module) -> nn.Module:
+        """Place and wrap the model for this strategy's parallelism."""
+        raise NotImplementedError
+
+    def build_optim_wrapper(self, optim_wrapper: Any, model: nn.Module | None = None) -> Any:
+        """Build an optimizer wrapper from an object or a config.
+
+        Accepted: an ``OptimWrapper``/``OptimWrapperDict``; a ``torch.optim.Optimizer``;
+        ``dict(optimizer=...)`` (``type`` defaults to ``'OptimWrapper'``; ``constructor`` and
+        ``paramwise_cfg`` as in mmengine); or a multi-optimizer dict whose values are
+        optimizer wrappers, or configs built against the submodule of the same name
+        (``dict(generator=dict(optimizer=...), discriminator=dict(optimizer=...))``).
+
+        Examples:
+            >>> strategy.build_optim_wrapper(dict(type='OptimWrapper',
+            ...                                   optimizer=dict(type='SGD', lr=0.01)), model)
+            >>> strategy.build_optim_wrapper(dict(optimizer=dict(type='SGD', lr=0.01)), model)
+        """
+        model = unwrap_model(model if model is not None else self.model)
+        if isinstance(optim_wrapper, OptimWrapper | OptimWrapperDict):
+            return optim_wrapper
+        if isinstance(optim_wrapper, torch.optim.Optimizer):
+            return OptimWrapper(optim_wrapper)
+        if not isinstance(optim_wrapper, Mapping):
+            raise TypeError(
+                "optim_wrapper must be an OptimWrapper, a torch.optim.Optimizer or a config "
+                f"dict, got {type(optim_wrapper).__name__}: {optim_wrapper!r}"
+            )
+        cfg = dict(optim_wrapper)
+        if "optimizer" in cfg or "constructor" in cfg or "type" in cfg:
+            if isinstance(cfg.get("optimizer"), torch.optim.Optimizer):
+                from shardwise.registry import OPTIM_WRAPPERS
+
+                cfg.setdefault("type", "OptimWrapper")
+                return OPTIM_WRAPPERS.build(cfg)
+            return build_optim_wrapper(model, copy.deepcopy(cfg))
+        wrappers = {}
+        for name, sub_cfg in cfg.items():
+            if isinstance(sub_cfg, OptimWrapper):
+                wrappers[name] = sub_cfg
+                continue
+            submodule = getattr(model, name, None)
+            if not isinstance(sub_cfg, Mapping) or not isinstance(submodule, nn.Module):
+                raise ValueError(
+                    f"optim_wrapper key {name!r}: a multi-optimizer dict needs, for each key, an "
+                    "OptimWrapper or a config with 'optimizer' for the submodule of that name; "
+                    f"got {sub_cfg!r} and the model has "
+                    f"{'no' if submodule is None else 'a non-module'} attribute {name!r}"
+                )
+            wrappers[name] = build_optim_wrapper(submodule, copy.deepcopy(dict(sub_cfg)))
+        return OptimWrapperDict(**wrappers)
+
+    def _wrappers(self) -> dict[str, OptimWrapper]:
+        if isinstance(self.optim_wrapper, OptimWrapperDict):
+            return dict(self.optim_wrapper.items())
+        return {"": self.optim_wrapper}
+
+    def _scale_lr(self) -> None:
+        """Scale every LR by ``world_size * batch_per_gpu / base_batch_size`` (linear rule)."""
+        if not self._auto_scale_lr or not self._auto_scale_lr.get("enable", False):
+            return
+        if _contains_built_scheduler(getattr(self, "param_schedulers", None)):
+            raise RuntimeError(
+                "auto_scale_lr must run before parameter schedulers are built: they record "
+                "the initial LR"
+            )
+        base = self._auto_scale_lr["base_batch_size"]
+        real = self.world_size * self.dispatch_kwargs["train_micro_batch_size_per_gpu"]
+        ratio = real / base
+        self.logger.info(
+            "auto_scale_lr: batch size %d (world size %d) against base_batch_size %d; "
+            "scaling every LR by %.4g",
+            real,
+            self.world_size,
+            base,
+            ratio,
+        )
+        for wrapper in self._wrappers().values():
+            for group in wrapper.optimizer.param_groups:
+                group["lr"] = group["lr"] * ratio
+
+    def _initialize_accumulation(self) -> None:
+        for wrapper in self._wrappers().values():
+            if getattr(wrapper, "_accumulative_counts", 1) > 1:
+                wrapper.initialize_count_status(self.model, 0, self.dispatch_kwargs["max_iters"])
+
+    def build_param_scheduler(
+        self, scheduler: Any, optim_wrapper: Any = None
+    ) -> list[_ParamScheduler] | dict[str, list[_ParamScheduler]]:
+        """Build parameter schedulers: a list for one optimizer, a dict of lists (one per
+        optimizer name) for an ``OptimWrapperDict``.
+
+        A config without ``end`` ends at ``max_epochs`` (``by_epoch=True``) or
+        ``max_iters`` from ``dispatch_kwargs``; ``convert_to_iter_based=True`` uses
+        ``epoch_length``. Pre-built scheduler objects are kept as they are.
+
+        Examples:
+            >>> strategy.build_param_scheduler(dict(type='MultiStepLR', milestones=[1, 2]))
+            >>> strategy.build_param_scheduler([dict(type='MultiStepLR', milestones=[1, 2]),
+            ...                                 dict(type='StepLR', step_size=1)])
+        """
+        optim_wrapper = (
+            optim_wrapper if optim_wrapper is not None else getattr(self, "optim_wrapper", None)
+        )
+        if optim_wrapper is None:
+            raise RuntimeError(
+                "build_param_scheduler needs an optimizer wrapper: build it first with "
+                "build_optim_wrapper() or pass optim_wrapper to prepare()"
+            )
+        if not isinstance(optim_wrapper, OptimWrapperDict):
+            return self._build_scheduler_list(scheduler, optim_wrapper)
+        per_name = isinstance(scheduler, Mapping) and "type" not in scheduler
+        if per_name:
+            unknown = set(scheduler) - set(optim_wrapper.keys())
+            if unknown:
+                raise KeyError(
+                    f"param_scheduler keys {sorted(unknown)} name no optimizer; the optimizers "
+                    f"are {sorted(optim_wrapper.keys())}"
+                )
+        return {
+            name: self._build_scheduler_list(scheduler[name] if per_name else scheduler, wrapper)
+            for name, wrapper in optim_wrapper.items()
+            if not per_name or name in scheduler
+        }
+
+    def _build_scheduler_list(self, scheduler: Any, optim_wrapper: Any) -> list[_ParamScheduler]:
+        items = scheduler if isinstance(scheduler, Sequence) else [scheduler]
+        built = []
+        for item in items:
+            if isinstance(item, _ParamScheduler):
+                built.append(item)
+            elif isinstance(item, Mapping):
+                built.append(self._build_one_scheduler(item, optim_wrapper))
+            else:
+                raise TypeError(
+                    f"a param_scheduler must be a scheduler object or a config dict, got "
+                    f"{type(item).__name__}: {item!r}"
+                )
+        return built
+
+    def _build_one_scheduler(self, cfg: Mapping[str, Any], optim_wrapper: Any) -> _ParamScheduler:
+        cfg = copy.deepcopy(dict(cfg))
+        if "end" not in cfg:
+            key = "max_epochs" if cfg.get("by_epoch", True) else "max_iters"
+            if key not in self.dispatch_kwargs:
+                raise ValueError(
+                    f"{cfg.get('type')} has no 'end' and dispatch_kwargs has no {key!r} to "
+                    f"default it to; set end=... or pass dispatch_kwargs=dict({key}=...)"
+                )
+            cfg["end"] = self.dispatch_kwargs[key]
+        return build_param_scheduler(
+            cfg, optim_wrapper, epoch_length=self.dispatch_kwargs.get("epoch_length")
+        )
+
+    # ------------------------------------------------------------------ state dicts
+    def _state_dict_options(self, **overrides: Any) -> StateDictOptions:
+        return StateDictOptions(**{**_FULL.__dict__, **overrides})
+
+    def model_state_dict(self) -> dict[str, Any]:
+        """The model's full state dict on the CPU, keyed as the plain module's keys."""
+        return get_model_state_dict(self.model, options=self._state_dict_options())
+
+    def optim_state_dict(self) -> dict[str, Any]:
+        """The optimizer state keyed by parameter name (a dict of them for several
+        optimizers), with the wrapper's own state (e.g. the loss scaler)."""
+        states = {
+            name: self._one_optim_state_dict(wrapper) for name, wrapper in self._wrappers().items()
+        }
+        return states[""] if "" in states else states
+
+    def _one_optim_state_dict(self, wrapper: OptimWrapper) -> dict[str, Any]:
+        state = get_optimizer_state_dict(
+            self.model, wrapper.optimizer, options=self._state_dict_options()
+        )
+        extras = {
+            k: v for k, v in wrapper.state_dict().items() if k not in ("state", "param_groups")
+        }
+        return {**state, **extras}
+
+    def scheduler_state_dict(self) -> list[dict[str, Any]] | dict[str, list[dict[str, Any]]]:
+        """Each scheduler's state, in order (per optimizer name for several optimizers)."""
+        if isinstance(self.param_schedulers, dict):
+            return {n: [s.state_dict() for s in ss] for n, ss in self.param_schedulers.items()}
+        return [s.state_dict() for s in self.param_schedulers]
+
+    def load_model_state_dict(
+        self,
+        state_dict: Mapping[str, Any],
+        *,
+        strict: bool = False,
+        revise_keys: Sequence[tuple[str, str]] = DEFAULT_REVISE_KEYS,
+    ) -> None:
+        """Load a full (unsharded) model state dict.
+
+        ``revise_keys`` are ``(pattern, replacement)`` regex pairs applied to every key
+        (by default a ``module.`` prefix is dropped). With ``strict=True`` any missing or
+        unexpected key is an error naming them, raised before anything is loaded; otherwise
+        they, and tensors whose shape differs from the model's, are skipped with a warning.
+        """
+        state_dict = _revise_keys(state_dict, revise_keys)
+        expected = {
+            k: tuple(v.shape)
+            for k, v in unwrap_model(self.model).state_dict().items()
+            if isinstance(v, torch.Tensor)
+        }
+        missing = sorted(set(expected) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(expected))
+        mismatched = sorted(
+            k
+            for k, v in state_dict.items()
+            if k in expected and isinstance(v, torch.Tensor) and tuple(v.shape) != expected[k]
+        )
+        shapes = [(k, tuple(state_dict[k].shape), expected[k]) for k in mismatched]
+        if strict and (missing or unexpected or mismatched):
+            raise RuntimeError(
+                "strict load: the checkpoint does not match the model.\n"
+                f"  missing keys: {missing}\n  unexpected keys: {unexpected}\n"
+                f"  shape mismatches (checkpoint, model): {shapes}\n"
+                "Pass strict=False to load what matches, or revise_keys=[(pattern, repl)] to "
+                "rename keys."
+            )
+        if missing or unexpected or mismatched:
+            self.logger.warning(
+                "loading a state dict that does not match the model: missing keys %s, "
+                "unexpected keys %s, shape mismatches (skipped) %s",
+                missing,
+                unexpected,
+                mismatched,
+            )
+        usable = {k: v for k, v in state_dict.items() if k in expected and k not in mismatched}
+        set_model_state_dict(self.model, usable, options=self._state_dict_options(strict=False))
+
+    def load_optim_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load what :meth:`optim_state_dict` returned."""
+        wrappers = self._wrappers()
+        if "" not in wrappers:
+            missing = sorted(set(wrappers) - set(state_dict))
+            if missing:
+                raise KeyError(f"the optimizer state has no entry for optimizer(s) {missing}")
+        for name, wrapper in wrappers.items():
+            self._load_one_optim_state_dict(wrapper, state_dict if name == "" else state_dict[name])
+
+    def _load_one_optim_state_dict(self, wrapper: OptimWrapper, state: Mapping[str, Any]) -> None:
+        optim_state = {"state": state["state"], "param_groups": state["param_groups"]}
+        set_optimizer_state_dict(
+            self.model, wrapper.optimizer, optim_state, options=self._state_dict_options()
+        )
+        extras = {k: v for k, v in state.items() if k not in ("state", "param_groups")}
+        if extras:
+            wrapper.load_state_dict({**wrapper.optimizer.state_dict(), **extras})
+
+    def load_scheduler_state_dict(self, state_dict: Any) -> None:
+        """Load what :meth:`scheduler_state_dict` returned."""
+        if isinstance(self.param_schedulers, dict):
+            for name, schedulers in self.param_schedulers.items():
+                _load_schedulers(schedulers, state_dict[name])
+        else:
+            _load_schedulers(self.param_schedulers, state_dict)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _resolve(self, filename: str | os.PathLike[str]) -> Path:
+        path = Path(filename)
+        return path if path.is_absolute() else self._work_dir / path
+
+    def _checkpoint_meta(self, fmt: str) -> dict[str, Any]:
+        """What every checkpoint records besides the state: who wrote it, when, and each
+        rank's RNG states (a collective: every rank must call it)."""
+        return dict(
+            shardwise_version=shardwise.__version__,
+            time=time.strftime("%Y-%m-%d %H:%M:%S"),
+            timestamp=self._timestamp,
+            experiment_name=self._experiment_name,
+            seed=self.seed,
+            randomness=self.randomness,
+            world_size=self.world_size,
+            strategy=type(self).__name__,
+            format=fmt,
+            rng_states=dist.all_gather_object(capture_rng_state()),
+        )
+
+    def _checkpoint_state(
+        self,
+        save_optimizer: bool,
+        save_param_scheduler: bool,
+        extra_ckpt: Mapping[str, Any] | None,
+        fmt: str,
+    ) -> dict[str, Any]:
+        """The checkpoint dict every format stores (collective under sharding)."""
+        if not self._prepared:
+            raise RuntimeError("save_checkpoint() needs a prepared strategy: call prepare() first")
+        extra = dict(extra_ckpt or {})
+        clash = sorted(set(extra) & set(_RESERVED_CKPT_KEYS))
+        if clash:
+            raise ValueError(
+                f"extra_ckpt keys {clash} would overwrite the checkpoint's own entries "
+                f"{list(_RESERVED_CKPT_KEYS)}; rename them"
+            )
+        state: dict[str, Any] = {"state_dict": self.model_state_dict()}
+        if save_optimizer and hasattr(self, "optim_wrapper"):
+            state["optimizer"] = self.optim_state_dict()
+        if save_param_scheduler and hasattr(self, "param_schedulers"):
+            state["param_schedulers"] = self.scheduler_state_dict()
+        meta = self._checkpoint_meta(fmt)
+        meta.update(extra.pop("meta", {}))
+        state.update(extra)
+        state["meta"] = meta
+        return state
+
+    def save_checkpoint(
+        self,
+        filename: str | os.PathLike[str],
+        *,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        extra_ckpt: Mapping[str, Any] | None = None,
+        callback: Callable[[dict[str, Any]], None] | None = None,
+        async_save: bool | None = None,
+    ) -> None:
+        """Save a full checkpoint (one file, written by rank 0) through the commit protocol.
+
+        A relative ``filename`` is taken inside ``work_dir``. ``extra_ckpt`` entries are
+        stored beside the state (its ``meta`` entries are merged into ``meta``);
+        ``callback(checkpoint)`` may edit the dict before it is written.
+        """
+        if async_save:
+            raise NotImplementedError(f"{type(self).__name__} saves synchronously only")
+        path = self._resolve(filename)
+        state = self._checkpoint_state(save_optimizer, save_param_scheduler, extra_ckpt, "full")
+        if callback is not None:
+            callback(state)
+        start = time.perf_counter()
+        with CheckpointCommit(path, work_dir=self._work_dir) as staging:
+            if self.rank == 0:
+                save_full_checkpoint(state, staging)
+        self.logger.info("Saved checkpoint %s in %.2f s", path, time.perf_counter() - start)
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until every save in flight is committed (synchronous saves: nothing to do)."""
+
+    def _map_location(self, map_location: Any) -> Any:
+        return self.device if map_location == "default" else map_location
+
+    def _read_checkpoint(self, filename: str | os.PathLike[str], map_location: Any) -> dict:
+        path = Path(filename)
+        if not path.exists() and not path.is_absolute() and self._resolve(path).exists():
+            path = self._resolve(path)
+        return load_full_checkpoint(path, map_location=self._map_location(map_location))
+
+    def load_checkpoint(
+        self,
+        filename: str | os.PathLike[str],
+        *,
+        map_location: Any = "cpu",
+        strict: bool = False,
+        revise_keys: Sequence[tuple[str, str]] = DEFAULT_REVISE_KEYS,
+        callback: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Load the model weights of a checkpoint; return the rest of it (``meta``,
+        ``optimizer``, extras). ``map_location='default'`` means this strategy's device."""
+        checkpoint = self._read_checkpoint(filename, map_location)
+        if callback is not None:
+            callback(checkpoint)
+        if "state_dict" not in checkpoint and _is_bare_state_dict(checkpoint):
+            checkpoint = {"state_dict": checkpoint}
+        if "state_dict" not in checkpoint:
+            raise KeyError(
+                f"{filename} has no 'state_dict' entry (keys: {sorted(checkpoint)}); it is not "
+                "a shardwise or mmengine checkpoint"
+            )
+        self.load_model_state_dict(
+            checkpoint.pop("state_dict"), strict=strict, revise_keys=revise_keys
+        )
+        return checkpoint
+
+    def resume(
+        self,
+        filename: str | os.PathLike[str],
+        *,
+        resume_optimizer: bool = True,
+        resume_param_scheduler: bool = True,
+        map_location: Any = "default",
+        callback: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Restore model, optimizer, schedulers, seed and RNG states from a checkpoint."""
+        checkpoint = self._read_checkpoint(filename, map_location)
+        self._check_resumable(filename, checkpoint, resume_optimizer, resume_param_scheduler)
+        if callback is not None:
+            callback(checkpoint)
+        self.load_model_state_dict(checkpoint.pop("state_dict"))
+        if resume_optimizer:
+            self.load_optim_state_dict(checkpoint.pop("optimizer"))
+        if resume_param_scheduler and hasattr(self, "param_schedulers"):
+            self.load_scheduler_state_dict(checkpoint.pop("param_schedulers"))
+        self._restore_randomness(checkpoint.get("meta", {}))
+        self.logger.info("Resumed from %s", filename)
+        return checkpoint
+
+    def _check_resumable(
+        self, filename: Any, checkpoint: Mapping[str, Any], optimizer: bool, schedulers: bool
+    ) -> None:
+        if not self._prepared:
+            raise RuntimeError("resume() needs a prepared strategy: call prepare() first")
+        if optimizer and not hasattr(self, "optim_wrapper"):
+            raise RuntimeError(
+                "resume_optimizer=True but this strategy has no optimizer wrapper; pass "
+                "optim_wrapper to prepare() or resume(..., resume_optimizer=False)"
+            )
+        if optimizer and "optimizer" not in checkpoint:
+            raise KeyError(
+                f"{filename} has no optimizer state; resume with resume_optimizer=False to "
+                "restore the rest of it"
+            )
+        if (
+            schedulers
+            and hasattr(self, "param_schedulers")
+            and "param_schedulers" not in checkpoint
+        ):
+            raise KeyError(
+                f"{filename} has no parameter scheduler state; resume with "
+                "resume_param_scheduler=False to restore the rest of it"
+            )
+
+    def _restore_randomness(self, meta: Mapping[str, Any]) -> None:
+        seed = meta.get("seed")
+        if seed is not None and seed != self.seed:
+            self.logger.warning(
+                "The checkpoint's seed %s replaces this run's seed %s", seed, self.seed
+            )
+            self._set_randomness(**{**self._randomness, "seed": seed})
+        states = meta.get("rng_states")
+        if states and len(states) == self.world_size:
+            restore_rng_state(states[self.rank])
+        elif states:
+            self.logger.warning(
+                "The checkpoint was saved on %d ranks and is resumed on %d: RNG states are not "
+                "restored; every rank is reseeded from seed %s instead",
+                len(states),
+                self.world_size,
+                self.seed,
+            )
+
+    def load_or_resume(
+        self, *, load_from: str | None = None, resume: bool | str = False
+    ) -> dict[str, Any] | None:
+        """Resume (``resume=True``: the latest committed checkpoint in ``work_dir``;
+        ``resume=PATH``: that one) or load weights from ``load_from``."""
+        if isinstance(resume, str | os.PathLike):
+            return self.resume(resume)
+        if resume:
+            latest = find_last_checkpoint(self._work_dir)
+            if latest is not None:
+                self.logger.info("Auto-resuming from the latest checkpoint %s", latest)
+                return self.resume(latest)
+            if load_from is None:
+                self.logger.info(
+                    "resume=True but %s has no committed checkpoint; starting from scratch",
+                    self._work_dir,
+                )
+                return None
+            return self.resume(load_from)
+        if load_from is not None:
+            return self.load_checkpoint(load_from)
+        return None
+
+
+def _check_auto_scale_lr(cfg: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if cfg is None:
+        return None
+    if not isinstance(cfg, Mapping):
+        raise TypeError(
+            f"auto_scale_lr must be a dict(enable=..., base_batch_size=...), got {cfg!r}"
+        )
+    cfg = dict(cfg)
+    if cfg.get("enable", False):
+        base = cfg.get("base_batch_size")
+        if not isinstance(base, int) or isinstance(base, bool) or base <= 0:
+            raise ValueError(
+                f"auto_scale_lr needs a positive integer base_batch_size (the batch size its LR "
+                f"was tuned for), got {base!r}; e.g. auto_scale_lr=dict(enable=True, "
+                "base_batch_size=256)"
+            )
+    return cfg
+
+
+def _contains_built_scheduler(schedulers: Any) -> bool:
+    if isinstance(schedulers, _ParamScheduler):
+        return True
+    if isinstance(schedulers, Mapping):
+        return "type" not in schedulers and any(
+            _contains_built_scheduler(s) for s in schedulers.values()
+        )
+    if isinstance(schedulers, list | tuple):
+        return any(_contains_built_scheduler(s) for s in schedulers)
+    return False
+
+
+def _is_bare_state_dict(checkpoint: Mapping[str, Any]) -> bool:
+    """``torch.save(model.state_dict())``: tensors under module keys and nothing else."""
+    return bool(checkpoint) and all(isinstance(v, torch.Tensor) for v in checkpoint.values())
+
+
+def _revise_keys(
+    state_dict: Mapping[str, Any], revise_keys: Sequence[tuple[str, str]]
+) -> dict[str, Any]:
+    revised = dict(state_dict)
+    for pattern, replacement in revise_keys:
+        regex = re.compile(pattern)
+        revised = {regex.sub(replacement, k): v for k, v in revised.items()}
+    return revised
+
+
+def _load_schedulers(schedulers: Sequence[_ParamScheduler], states: Sequence[Any]) -> None:
+    if len(schedulers) != len(states):
+        raise ValueError(
+            f"the checkpoint holds {len(states)} parameter scheduler states but "
+            f"{len(schedulers)} schedulers are configured; resume with "
+            "resume_param_scheduler=False or use the same param_scheduler config"
+        )
+    for scheduler, state in zip(schedulers, states):
+        scheduler.load_state_dict(state)
