@@ -6,6 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from shardwise.checkpoint.commands import add_ckpt_parser
+from shardwise.runner.commands import add_plot_parser, add_train_parser
+
 
 def _cmd_env(args: argparse.Namespace) -> int:
     from shardwise.env import collect_env
@@ -22,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     env = sub.add_parser("env", help="print the collected environment (Python, torch, devices)")
     env.set_defaults(func=_cmd_env)
+    add_train_parser(sub)
+    add_plot_parser(sub)
+    add_ckpt_parser(sub)
     return parser
 
 

@@ -1,0 +1,3 @@
+"""The Runner: training and validation loops, hooks, and the ``shardwise train`` command."""
+
+__all__: list[str] = []
