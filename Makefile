@@ -20,7 +20,7 @@ install: $(VENV)/.installed
 
 # The main job: the example training run.
 train: install
-	$(PY) examples/train_tiny.py
+	$(PY) examples/quickstart.py
 
 lint: install
 	$(VENV)/bin/ruff check src tests examples bench
