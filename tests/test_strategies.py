@@ -403,3 +403,55 @@ def test_bad_input_is_raised_on_every_rank(prepared, tmp_path):
         )
     assert "rank 0 failed" in str(info.value) and "rank 1 failed" in str(info.value)
     assert str(info.value).count("resume_optimizer=False") == 2
+
+
+def test_save_and_load_callbacks_edit_the_checkpoint(prepared, tmp_path):
+    def on_save(checkpoint):
+        checkpoint["note"] = "edited before writing"
+
+    prepared.save_checkpoint("cb.pth", callback=on_save, extra_ckpt=dict(meta=dict(epoch=4)))
+    seen = {}
+    rest = prepared.load_checkpoint(tmp_path / "cb.pth", callback=lambda c: seen.update(c))
+    assert rest["note"] == "edited before writing" and rest["meta"]["epoch"] == 4
+    assert "state_dict" in seen and "state_dict" not in rest
+
+
+def test_revise_keys_rename_checkpoint_keys_before_loading(prepared, tmp_path):
+    state = {f"backbone.{k}": v + 1 for k, v in prepared.model_state_dict().items()}
+    torch.save({"state_dict": state}, tmp_path / "prefixed.pth")
+    prepared.load_checkpoint(
+        tmp_path / "prefixed.pth", strict=True, revise_keys=[(r"^backbone\.", "")]
+    )
+    loaded = prepared.model_state_dict()
+    assert all(torch.equal(loaded[k[len("backbone.") :]], v) for k, v in state.items())
+
+
+def test_a_bare_state_dict_file_loads(prepared, tmp_path):
+    torch.save(ToyNet().state_dict(), tmp_path / "bare.pth")
+    prepared.load_checkpoint(tmp_path / "bare.pth", strict=True)
+
+
+def _custom_wrapper_and_prewrapped(work_dir):
+    from torch.nn.parallel import DistributedDataParallel
+
+    from shardwise.registry import MODEL_WRAPPERS
+
+    @MODEL_WRAPPERS.register_module(force=True)
+    class TaggedDDP(DistributedDataParallel):
+        tagged = True
+
+    strategy = DDPStrategy(work_dir=work_dir, model_wrapper=dict(type="TaggedDDP"))
+    custom = strategy.prepare(ToyNet())
+    prewrapped = DistributedDataParallel(ToyNet())
+    again = DDPStrategy(work_dir=work_dir).prepare(prewrapped)
+    return type(custom).__name__, again is prewrapped
+
+
+def test_ddp_uses_a_custom_registered_wrapper_and_keeps_a_wrapped_model(tmp_path):
+    results = run_distributed(_custom_wrapper_and_prewrapped, 2, str(tmp_path))
+    assert results == [("TaggedDDP", True)] * 2
+
+
+def test_an_unknown_model_wrapper_type_is_refused_at_construction(tmp_path):
+    with pytest.raises(KeyError, match="'MyDDP' is not in the model_wrapper registry"):
+        DDPStrategy(work_dir=str(tmp_path), model_wrapper=dict(type="MyDDP"))
