@@ -23,7 +23,7 @@ train: install
 	$(PY) examples/quickstart.py
 
 lint: install
-	$(VENV)/bin/ruff check src tests examples bench
+	$(VENV)/bin/ruff check .
 
 test: lint
 	$(PY) -m pytest -q
