@@ -2,14 +2,35 @@
 
 from .base import BaseStrategy
 from .ddp import DDPStrategy, ShardwiseDistributedDataParallel
+from .fsdp import FSDPStrategy, fully_shard_model, rebuild_optimizer, shard_model
+from .fsdp_config import FSDPConfig, parse_model_wrapper, parse_state_dict_cfg
+from .parallelize import (
+    apply_activation_checkpointing,
+    apply_fsdp,
+    build_device_mesh,
+    materialize_model,
+    select_modules_to_shard,
+)
 from .single_device import SingleDeviceStrategy, revert_sync_batchnorm
 
 __all__ = [
     "BaseStrategy",
     "SingleDeviceStrategy",
     "DDPStrategy",
+    "FSDPStrategy",
     "ShardwiseDistributedDataParallel",
+    "FSDPConfig",
+    "apply_activation_checkpointing",
+    "apply_fsdp",
+    "build_device_mesh",
+    "fully_shard_model",
+    "materialize_model",
+    "parse_model_wrapper",
+    "parse_state_dict_cfg",
+    "rebuild_optimizer",
     "revert_sync_batchnorm",
+    "select_modules_to_shard",
+    "shard_model",
     "build_strategy",
 ]
 

@@ -35,7 +35,8 @@ from torch.distributed.checkpoint.state_dict import (
 import shardwise
 from shardwise import dist
 from shardwise.checkpoint import CheckpointCommit, find_last_checkpoint
-from shardwise.checkpoint.full import load_full_checkpoint, save_full_checkpoint
+from shardwise.checkpoint.formats import read_checkpoint
+from shardwise.checkpoint.full import save_full_checkpoint
 from shardwise.env import (
     capture_rng_state,
     collect_env,
@@ -455,7 +456,7 @@ class BaseStrategy:
         built = []
         for item in items:
             if isinstance(item, _ParamScheduler):
-                built.append(item)
+                built.append(self._adopt_scheduler(item, optim_wrapper))
             elif isinstance(item, Mapping):
                 built.append(self._build_one_scheduler(item, optim_wrapper))
             else:
@@ -464,6 +465,11 @@ class BaseStrategy:
                     f"{type(item).__name__}: {item!r}"
                 )
         return built
+
+    def _adopt_scheduler(self, scheduler: _ParamScheduler, optim_wrapper: Any) -> _ParamScheduler:
+        """A pre-built scheduler handed to :meth:`build_param_scheduler`, as the strategy
+        keeps it (here: unchanged; a sharding strategy rebinds it to the rebuilt optimizer)."""
+        return scheduler
 
     def _build_one_scheduler(self, cfg: Mapping[str, Any], optim_wrapper: Any) -> _ParamScheduler:
         cfg = copy.deepcopy(dict(cfg))
@@ -555,7 +561,11 @@ class BaseStrategy:
                 mismatched,
             )
         usable = {k: v for k, v in state_dict.items() if k in expected and k not in mismatched}
-        set_model_state_dict(self.model, usable, options=self._state_dict_options(strict=False))
+        self._set_model_state_dict(usable)
+
+    def _set_model_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Put checked, matching entries into the model (the step sharding strategies vary)."""
+        set_model_state_dict(self.model, state_dict, options=self._state_dict_options(strict=False))
 
     def load_optim_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load what :meth:`optim_state_dict` returned."""
@@ -569,12 +579,16 @@ class BaseStrategy:
 
     def _load_one_optim_state_dict(self, wrapper: OptimWrapper, state: Mapping[str, Any]) -> None:
         optim_state = {"state": state["state"], "param_groups": state["param_groups"]}
-        set_optimizer_state_dict(
-            self.model, wrapper.optimizer, optim_state, options=self._state_dict_options()
-        )
+        self._set_optim_state_dict(wrapper.optimizer, optim_state)
         extras = {k: v for k, v in state.items() if k not in ("state", "param_groups")}
         if extras:
             wrapper.load_state_dict({**wrapper.optimizer.state_dict(), **extras})
+
+    def _set_optim_state_dict(
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        """Put an optimizer state keyed by parameter name into ``optimizer``."""
+        set_optimizer_state_dict(self.model, optimizer, state, options=self._state_dict_options())
 
     def load_scheduler_state_dict(self, state_dict: Any) -> None:
         """Load what :meth:`scheduler_state_dict` returned."""
@@ -643,7 +657,8 @@ class BaseStrategy:
         callback: Callable[[dict[str, Any]], None] | None = None,
         async_save: bool | None = None,
     ) -> None:
-        """Save a full checkpoint (one file, written by rank 0) through the commit protocol.
+        """Save a checkpoint through the commit protocol: in the full format (one file,
+        written by rank 0) here; sharding strategies choose their format.
 
         A relative ``filename`` is taken inside ``work_dir``. ``extra_ckpt`` entries are
         stored beside the state (its ``meta`` entries are merged into ``meta``);
@@ -652,14 +667,25 @@ class BaseStrategy:
         if async_save:
             raise NotImplementedError(f"{type(self).__name__} saves synchronously only")
         path = self._resolve(filename)
-        state = self._checkpoint_state(save_optimizer, save_param_scheduler, extra_ckpt, "full")
+        fmt = self._checkpoint_format()
+        state = self._checkpoint_state(save_optimizer, save_param_scheduler, extra_ckpt, fmt)
         if callback is not None:
             callback(state)
         start = time.perf_counter()
-        with CheckpointCommit(path, work_dir=self._work_dir) as staging:
-            if self.rank == 0:
-                save_full_checkpoint(state, staging)
-        self.logger.info("Saved checkpoint %s in %.2f s", path, time.perf_counter() - start)
+        with CheckpointCommit(path, work_dir=self._work_dir, is_dir=fmt != "full") as staging:
+            self._write_checkpoint(state, staging)
+        self.logger.info(
+            "Saved checkpoint %s (%s) in %.2f s", path, fmt, time.perf_counter() - start
+        )
+
+    def _checkpoint_format(self) -> str:
+        """The format :meth:`save_checkpoint` writes: ``'full'``, ``'sharded'`` or ``'local'``."""
+        return "full"
+
+    def _write_checkpoint(self, state: dict[str, Any], staging: Path) -> None:
+        """Write ``state`` under the staging path of the commit protocol (every rank calls it)."""
+        if self.rank == 0:
+            save_full_checkpoint(state, staging)
 
     def wait_for_checkpoint(self) -> None:
         """Block until every save in flight is committed (synchronous saves: nothing to do)."""
@@ -667,11 +693,17 @@ class BaseStrategy:
     def _map_location(self, map_location: Any) -> Any:
         return self.device if map_location == "default" else map_location
 
-    def _read_checkpoint(self, filename: str | os.PathLike[str], map_location: Any) -> dict:
+    def _find_checkpoint(self, filename: str | os.PathLike[str]) -> Path:
+        """``filename`` as given, or inside ``work_dir`` when it is relative and only there."""
         path = Path(filename)
         if not path.exists() and not path.is_absolute() and self._resolve(path).exists():
             path = self._resolve(path)
-        return load_full_checkpoint(path, map_location=self._map_location(map_location))
+        return path
+
+    def _read_checkpoint(self, filename: str | os.PathLike[str], map_location: Any) -> dict:
+        """The whole checkpoint (full or sharded format) with plain tensors."""
+        path = self._find_checkpoint(filename)
+        return read_checkpoint(path, map_location=self._map_location(map_location))
 
     def load_checkpoint(
         self,

@@ -1,0 +1,778 @@
+"""FSDPStrategy: fully sharded data parallel training on FSDP2 (``fully_shard``, DTensor).
+
+Every rank holds a shard of each parameter, gradient and optimizer state; parameters are
+all-gathered for forward and backward and gradients reduce-scattered, on CPU (gloo) and CUDA
+(NCCL) alike. The configuration keeps mmengine's and FSDP1's vocabulary (``model_wrapper``,
+``state_dict_cfg``; see :mod:`shardwise.strategies.fsdp_config`).
+
+Example::
+
+    >>> # torchrun --nproc-per-node 8 train.py
+    >>> strategy = FSDPStrategy(
+    ...     model_wrapper=dict(auto_wrap_policy={'TransformerBlock'},
+    ...                        mixed_precision=dict(param_dtype='bf16', reduce_dtype='fp32')),
+    ...     skip_init_weights=True, state_dict_cfg='sharded')
+    >>> model, optim_wrapper = strategy.prepare(
+    ...     dict(type='GPT', n_layer=48), optim_wrapper=dict(optimizer=dict(type='AdamW', lr=3e-4)))
+    >>> strategy.load_checkpoint('pretrained.pth')  # full, sharded or local: detected from disk
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+from torch.distributed.tensor import DTensor
+
+from shardwise import dist
+from shardwise.checkpoint import CheckpointError
+from shardwise.checkpoint.formats import detect_format
+from shardwise.checkpoint.full import load_full_checkpoint, save_full_checkpoint
+from shardwise.checkpoint.local import load_local_checkpoint, save_local_checkpoint
+from shardwise.checkpoint.sharded import (
+    load_sharded_tensors,
+    read_sharded_meta,
+    save_sharded_checkpoint,
+)
+from shardwise.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
+from shardwise.optim.scheduler import _ParamScheduler
+from shardwise.optim.scheduler.param_scheduler import unwrap_optimizer
+from shardwise.registry import MODEL_WRAPPERS, STRATEGIES
+
+from .base import BaseStrategy
+from .fsdp_config import (
+    DEFAULT_SHARDER_NAMES,
+    FSDP1_ONLY_KEYS,
+    FSDPConfig,
+    parse_activation_checkpointing,
+    parse_model_wrapper,
+    parse_state_dict_cfg,
+    parse_wrap_policy,
+)
+from .parallelize import (
+    apply_activation_checkpointing,
+    apply_fsdp,
+    build_device_mesh,
+    clean_name,
+    has_meta_tensors,
+    materialize_model,
+    select_modules_to_shard,
+)
+
+__all__ = ["FSDPStrategy", "fully_shard_model", "rebuild_optimizer", "shard_model"]
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------- the sharder
+def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Module:
+    """Apply ``fully_shard`` to ``model`` as ``config`` says: to the submodules its wrap
+    policy selects (or the model's ``_no_split_modules``), then to the root.
+
+    Warns when the policy names module classes the model does not have, or selects nothing.
+    """
+    policy, named = config.wrap_policy, config.wrap_policy is not None
+    no_split = getattr(model, "_no_split_modules", None)
+    if policy is None and no_split:
+        policy = parse_wrap_policy(set(no_split), "_no_split_modules")
+    modules = select_modules_to_shard(model, policy, config.ignored_modules)
+    if named:
+        _warn_if_policy_misses(model, policy, modules)
+    if config.buffer_dtype is not None:
+        for buffer in model.buffers():
+            if buffer.is_floating_point():
+                buffer.data = buffer.data.to(config.buffer_dtype)
+    offload = config.offload_policy
+    if isinstance(offload, CPUOffloadPolicy) and mesh.device_type == "cpu":
+        logger.info("cpu_offload has nothing to do on a CPU mesh: the shards are on the CPU")
+        offload = None
+    ignored = {p for m in config.ignored_modules for p in m.parameters()}
+    return apply_fsdp(
+        model,
+        mesh,
+        modules=modules,
+        mp_policy=config.mp_policy,
+        offload_policy=offload,
+        reshard_after_forward=config.reshard_after_forward,
+        ignored_params=ignored or None,
+    )
+
+
+@MODEL_WRAPPERS.register_module(name=sorted(DEFAULT_SHARDER_NAMES))
+def fully_shard_model(module: nn.Module, *, mesh: DeviceMesh, **model_wrapper: Any) -> nn.Module:
+    """The default sharder, built from ``model_wrapper`` through ``MODEL_WRAPPERS`` (also as
+    mmengine's ``'MMFullyShardedDataParallel'`` and ``'FullyShardedDataParallel'``).
+
+    A custom sharder is any callable registered in ``MODEL_WRAPPERS`` with this signature:
+    ``sharder(module, *, mesh, **its_config) -> nn.Module``.
+
+    Example::
+
+        >>> model = fully_shard_model(model, mesh=mesh, auto_wrap_policy={'Block'},
+        ...                           sharding_strategy='SHARD_GRAD_OP')
+    """
+    return shard_model(module, mesh, parse_model_wrapper(model_wrapper))
+
+
+def _warn_if_policy_misses(model: nn.Module, policy: Any, modules: list[nn.Module]) -> None:
+    present = sorted({type(m).__name__ for m in model.modules()})
+    classes, names = getattr(policy, "module_classes", ((), frozenset()))
+    missing = [c.__name__ for c in classes if not any(isinstance(m, c) for m in model.modules())]
+    missing += sorted(n for n in names if n not in present)
+    if missing:
+        logger.warning(
+            "auto_wrap_policy names %s, which match no module of %s; its module classes are %s",
+            missing,
+            type(model).__name__,
+            present,
+        )
+    elif not modules:
+        logger.warning(
+            "auto_wrap_policy selected no submodule of %s, so only the root is sharded (every "
+            "parameter is gathered at once); its module classes are %s",
+            type(model).__name__,
+            present,
+        )
+
+
+# ---------------------------------------------------------------------------- optimizers
+def rebuild_optimizer(
+    optimizer: torch.optim.Optimizer,
+    names: Mapping[int, str],
+    params: Mapping[str, nn.Parameter],
+) -> torch.optim.Optimizer:
+    """The same optimizer over other parameter objects: each parameter is replaced by the one
+    of the same name (``names``: ``id(old parameter) -> name``; ``params``: name -> new
+    parameter). Param groups keep every hyper-parameter; the optimizer must have no state.
+
+    Example::
+
+        >>> names = {id(p): n for n, p in model.named_parameters()}
+        >>> fully_shard(model)
+        >>> optimizer = rebuild_optimizer(optimizer, names, dict(model.named_parameters()))
+    """
+    groups = []
+    for group in optimizer.param_groups:
+        new_params = []
+        for param in group["params"]:
+            name = names.get(id(param))
+            if name not in params:
+                raise ValueError(
+                    f"the pre-built {type(optimizer).__name__} holds a parameter of shape "
+                    f"{tuple(param.shape)} that is not a parameter of the model (name "
+                    f"{name!r}); build the optimizer over model.parameters()"
+                )
+            new_params.append(params[name])
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": new_params})
+    cls = type(optimizer)
+    signature = inspect.signature(cls.__init__).parameters
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.values())
+    defaults = {k: v for k, v in optimizer.defaults.items() if takes_all or k in signature}
+    return cls(groups, **defaults)
+
+
+def _prebuilt_optimizers(optim_wrapper: Any) -> list[torch.optim.Optimizer]:
+    if isinstance(optim_wrapper, torch.optim.Optimizer):
+        return [optim_wrapper]
+    if isinstance(optim_wrapper, OptimWrapper):
+        return [optim_wrapper.optimizer]
+    if isinstance(optim_wrapper, OptimWrapperDict):
+        return [w.optimizer for w in optim_wrapper.values()]
+    if isinstance(optim_wrapper, Mapping):
+        if isinstance(optim_wrapper.get("optimizer"), torch.optim.Optimizer):
+            return [optim_wrapper["optimizer"]]
+        return [o for v in optim_wrapper.values() for o in _prebuilt_optimizers(v)]
+    return []
+
+
+def _is_amp(cfg: Mapping[str, Any]) -> bool:
+    return cfg.get("type") in ("AmpOptimWrapper", AmpOptimWrapper)
+
+
+def _contains_dtensor(tree: Any) -> bool:
+    if isinstance(tree, DTensor):
+        return True
+    if isinstance(tree, Mapping):
+        return any(_contains_dtensor(v) for v in tree.values())
+    if isinstance(tree, list | tuple):
+        return any(_contains_dtensor(v) for v in tree)
+    return False
+
+
+def _map_tensors(tree: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    if isinstance(tree, Mapping):
+        return {k: _map_tensors(v, fn) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_map_tensors(v, fn) for v in tree)
+    return tree
+
+
+class _TensorSpec:
+    """Shape and dtype of a tensor that only rank 0 holds (broadcast to the others)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
+
+    def placeholder(self) -> torch.Tensor:
+        return torch.empty(self.shape, dtype=self.dtype, device="meta")
+
+
+# ---------------------------------------------------------------------------- the strategy
+@STRATEGIES.register_module()
+class FSDPStrategy(BaseStrategy):
+    """Fully sharded data parallel training with FSDP2, on CPU (gloo) or CUDA (NCCL).
+
+    Args:
+        model_wrapper: how ``fully_shard`` is applied. ``type`` (default: the built-in sharder,
+            also named ``'MMFullyShardedDataParallel'``/``'FullyShardedDataParallel'``) or a
+            custom sharder from ``MODEL_WRAPPERS``; the built-in one takes
+            ``auto_wrap_policy``, ``sharding_strategy``, ``replicate_size``, ``mixed_precision``,
+            ``cpu_offload``, ``reshard_after_forward``, ``ignored_modules`` and FSDP1's keys
+            (see :func:`~shardwise.strategies.fsdp_config.parse_model_wrapper`).
+        skip_init_weights: build a model config on the meta device (no memory, no
+            initialisation) and materialise it shard by shard after sharding; a built model
+            keeps its weights (``init_weights()`` is not run). Build your own model inside
+            :meth:`init_module` to get the same.
+        state_dict_cfg: the checkpoint format :meth:`save_checkpoint` writes: ``'sharded'``
+            (DCP directory, reshardable), ``'full'`` (one file by rank 0), ``'local'``
+            (``rank{i}.pth`` per rank), or mmengine's dict form. Loading detects the format.
+        activation_checkpointing: ``dict(check_fn=..., **checkpoint_wrapper_kwargs)``, applied
+            before sharding; ``check_fn`` is a registered function name, ``dict(type=...)``,
+            a callable ``(module) -> bool`` or a list of module classes (or their names).
+        train_micro_batch_size_per_gpu: the batch size of one rank, for ``auto_scale_lr``.
+        **kwargs: :class:`~shardwise.strategies.BaseStrategy` arguments.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_wrapper: Mapping[str, Any] | None = None,
+        skip_init_weights: bool = False,
+        state_dict_cfg: str | Mapping[str, Any] = "sharded",
+        activation_checkpointing: Mapping[str, Any] | None = None,
+        train_micro_batch_size_per_gpu: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(skip_init_weights, bool):
+            raise TypeError(
+                f"skip_init_weights must be True or False, got {type(skip_init_weights).__name__}"
+                f": {skip_init_weights!r}"
+            )
+        if train_micro_batch_size_per_gpu is not None and (
+            isinstance(train_micro_batch_size_per_gpu, bool)
+            or not isinstance(train_micro_batch_size_per_gpu, int)
+            or train_micro_batch_size_per_gpu <= 0
+        ):
+            raise ValueError(
+                "train_micro_batch_size_per_gpu must be a positive int (the batch size of one "
+                f"rank), got {train_micro_batch_size_per_gpu!r}"
+            )
+        self._state_dict = parse_state_dict_cfg(state_dict_cfg)
+        self._sharder_cfg, self._fsdp_config = self._parse_model_wrapper(model_wrapper)
+        self._activation_checkpointing = parse_activation_checkpointing(activation_checkpointing)
+        self.skip_init_weights = skip_init_weights
+        super().__init__(**kwargs)
+        if train_micro_batch_size_per_gpu is not None:
+            self.dispatch_kwargs["train_micro_batch_size_per_gpu"] = train_micro_batch_size_per_gpu
+        self._replicate_size = self._check_mesh_fits_world()
+        ignored = self._fsdp_config.ignored_fsdp1_keys
+        if ignored:
+            self.logger.info(
+                "model_wrapper keys %s are FSDP1 options that FSDP2 needs no equivalent for; "
+                "they are ignored (%s)",
+                list(ignored),
+                "; ".join(f"{k}: {FSDP1_ONLY_KEYS[k]}" for k in ignored if k in FSDP1_ONLY_KEYS)
+                or "mixed precision details FSDP2 handles itself",
+            )
+        self.mesh: DeviceMesh | None = None
+        self._param_names: dict[int, str] = {}
+        self._rebuilt: dict[int, torch.optim.Optimizer] = {}
+
+    # ------------------------------------------------------------------ configuration
+    @staticmethod
+    def _parse_model_wrapper(cfg: Any) -> tuple[dict[str, Any] | None, FSDPConfig]:
+        """The custom sharder's config (None for the built-in one) and the FSDP settings."""
+        if cfg is not None and not isinstance(cfg, Mapping):
+            raise TypeError(
+                f"model_wrapper must be a dict such as dict(auto_wrap_policy={{'Block'}}), got "
+                f"{type(cfg).__name__}: {cfg!r}"
+            )
+        cfg = dict(cfg or {})
+        sharder = MODEL_WRAPPERS.get(cfg.get("type", "fully_shard_model"))
+        if sharder is fully_shard_model:
+            cfg.pop("type", None)
+            return None, parse_model_wrapper(cfg)
+        return cfg, FSDPConfig()
+
+    def _check_mesh_fits_world(self) -> int:
+        """The replicate size of the mesh; refuses one that does not divide the world."""
+        cfg, world = self._fsdp_config, self.world_size
+        if cfg.mesh_kind != "hybrid":
+            return world if cfg.mesh_kind == "replicate" else 1
+        size = cfg.replicate_size or max(world // dist.get_local_size(), 1)
+        if world % size:
+            raise ValueError(
+                f"HYBRID_SHARD with replicate_size={size} needs a world size divisible by it, "
+                f"but {world} ranks run; set model_wrapper=dict(replicate_size=...) to a divisor "
+                f"of {world} or launch a multiple of {size} ranks"
+            )
+        return size
+
+    @property
+    def state_dict_type(self) -> Any:
+        """mmengine's/FSDP1's ``StateDictType`` of the checkpoint format."""
+        return self._state_dict.state_dict_type
+
+    @property
+    def state_dict_config(self) -> Any:
+        return self._state_dict.state_dict_config
+
+    @property
+    def optim_state_dict_config(self) -> Any:
+        return self._state_dict.optim_state_dict_config
+
+    @property
+    def checkpoint_format(self) -> str:
+        """``'sharded'``, ``'full'`` or ``'local'``: what :meth:`save_checkpoint` writes."""
+        return self._state_dict.format
+
+    # ------------------------------------------------------------------ building the model
+    @contextlib.contextmanager
+    def init_module(self) -> Iterator[None]:
+        """Build the model in this context: on the meta device when ``skip_init_weights`` is
+        set (no memory, no initialisation: :meth:`prepare` materialises it shard by shard),
+        else as usual.
+
+        Example::
+
+            >>> with strategy.init_module():
+            ...     model = GPT(n_layer=48)
+            >>> model, optim_wrapper = strategy.prepare(model, optim_wrapper=...)
+        """
+        if not self.skip_init_weights:
+            yield
+            return
+        with torch.device("meta"):
+            yield
+
+    def build_model(self, model: nn.Module | Mapping[str, Any]) -> nn.Module:
+        """Build a model config, on the meta device when ``skip_init_weights`` is set."""
+        if isinstance(model, Mapping) and self.skip_init_weights:
+            with self.init_module():
+                return super().build_model(model)
+        return super().build_model(model)
+
+    def _init_model_weights(self, model: nn.Module) -> nn.Module:
+        if isinstance(model, FSDPModule):
+            return model  # sharded by the caller already
+        if has_meta_tensors(model):
+            return model  # initialised shard by shard once sharded (see _wrap_model)
+        if not self.skip_init_weights:
+            return super()._init_model_weights(model)
+        if self.world_size > 1:  # keep the given weights, the same on every rank
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+        return model
+
+    def _wrap_model(self, model: nn.Module) -> nn.Module:
+        """Shard the model. The order of operations, in one place:
+
+        0. (:meth:`build_model`) a config is built on the meta device with
+           ``skip_init_weights``, a built model is initialised and equal on every rank;
+        1. record parameter names, to rebuild pre-built optimizers by name;
+        2. activation checkpointing, before sharding, so ``fully_shard`` sees the wrappers;
+        3. ``fully_shard`` the selected submodules, then the root (a meta model stays meta:
+           nothing is allocated);
+        4. materialise a meta model on this rank's device, each rank only its shards;
+        5. initialise it shard-locally (``init_weights()`` or ``reset_parameters()``); a
+           checkpoint loaded afterwards overwrites these weights.
+        """
+        if isinstance(model, FSDPModule):
+            return model
+        start = time.perf_counter()
+        self._ensure_process_group()
+        self._param_names = {id(p): clean_name(n) for n, p in model.named_parameters()}
+        on_meta = has_meta_tensors(model)
+        self.mesh = self._build_mesh()
+        if self._activation_checkpointing is not None:
+            ac = self._activation_checkpointing
+            model = apply_activation_checkpointing(model, ac.check_fn, ac.wrapper_kwargs)
+        if self._sharder_cfg is None:
+            model = shard_model(model, self.mesh, self._fsdp_config)
+        else:
+            model = MODEL_WRAPPERS.build(
+                self._sharder_cfg, default_args=dict(module=model, mesh=self.mesh)
+            )
+        if on_meta:
+            model = materialize_model(model, self.device, seed=self.seed)
+        self.logger.info(
+            "Sharded %s over a %s mesh %s in %.2f s%s",
+            type(model).__name__,
+            self.device.type,
+            tuple(self.mesh.shape),
+            time.perf_counter() - start,
+            " (built on the meta device, initialised shard by shard)" if on_meta else "",
+        )
+        return model
+
+    def _ensure_process_group(self) -> None:
+        """FSDP2 needs a process group; a run without a launcher gets one of a single rank."""
+        if dist.is_distributed():
+            return
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        torch_dist.init_process_group(backend, store=torch_dist.HashStore(), rank=0, world_size=1)
+        self.logger.info("FSDPStrategy without a launcher: started a 1-rank %s group", backend)
+
+    def _build_mesh(self) -> DeviceMesh:
+        return build_device_mesh(
+            self.device.type,
+            self.world_size,
+            mesh_kind=self._fsdp_config.mesh_kind,
+            replicate_size=self._replicate_size,
+        )
+
+    # ------------------------------------------------------------------ optimizers, schedulers
+    def _check_prepare_args(
+        self,
+        model: Any,
+        optim_wrapper: Any,
+        param_scheduler: Any,
+        dispatch_kwargs: Mapping[str, Any] | None,
+    ) -> None:
+        super()._check_prepare_args(model, optim_wrapper, param_scheduler, dispatch_kwargs)
+        for optimizer in _prebuilt_optimizers(optim_wrapper):
+            if optimizer.state:
+                raise ValueError(
+                    f"the pre-built {type(optimizer).__name__} already has state for "
+                    f"{len(optimizer.state)} parameter(s); FSDPStrategy rebuilds it over the "
+                    "sharded parameters and cannot carry that state over. Pass it before its "
+                    "first step, or pass a config (optim_wrapper=dict(optimizer=dict(type=...)))"
+                    " and restore the state with resume()"
+                )
+            if not isinstance(model, nn.Module):
+                raise ValueError(
+                    "a pre-built optimizer needs the built model it optimizes; pass the model "
+                    "as an nn.Module, or the optimizer as a config"
+                )
+            own = {id(p) for p in model.parameters()}
+            foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in own]
+            if foreign:
+                raise ValueError(
+                    f"the pre-built {type(optimizer).__name__} holds {len(foreign)} tensor(s) "
+                    "that are not parameters of the model passed to prepare(); build it over "
+                    "model.parameters()"
+                )
+
+    def build_optim_wrapper(self, optim_wrapper: Any, model: nn.Module | None = None) -> Any:
+        """As :meth:`BaseStrategy.build_optim_wrapper`, against the sharded parameters.
+
+        A pre-built optimizer (alone, in an ``OptimWrapper`` or in a config) is rebuilt over
+        the sharded parameters with the same param groups and hyper-parameters, matched by
+        parameter name; an ``AmpOptimWrapper`` gets FSDP's ``ShardedGradScaler``.
+        """
+        model = model if model is not None else self.model
+        return super().build_optim_wrapper(self._rebind_optimizers(optim_wrapper, model), model)
+
+    def _rebind_optimizers(self, optim_wrapper: Any, model: nn.Module) -> Any:
+        if isinstance(optim_wrapper, torch.optim.Optimizer):
+            return self._rebuild(optim_wrapper, model)
+        if isinstance(optim_wrapper, OptimWrapperDict):
+            for wrapper in optim_wrapper.values():
+                self._rebind_optimizers(wrapper, model)
+            return optim_wrapper
+        if isinstance(optim_wrapper, OptimWrapper):
+            optim_wrapper.optimizer = self._rebuild(optim_wrapper.optimizer, model)
+            if isinstance(optim_wrapper, AmpOptimWrapper):
+                self._use_sharded_scaler(optim_wrapper)
+            return optim_wrapper
+        if isinstance(optim_wrapper, Mapping):
+            cfg = dict(optim_wrapper)
+            if isinstance(cfg.get("optimizer"), torch.optim.Optimizer):
+                cfg["optimizer"] = self._rebuild(cfg["optimizer"], model)
+            if _is_amp(cfg):
+                cfg.setdefault("use_fsdp", True)
+            if "optimizer" in cfg or "constructor" in cfg or "type" in cfg:
+                return cfg
+            return {k: self._rebind_optimizers(v, model) for k, v in cfg.items()}
+        return optim_wrapper
+
+    def _rebuild(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        current = {clean_name(n): p for n, p in model.named_parameters()}
+        current_ids = {id(p) for p in current.values()}
+        if all(id(p) in current_ids for g in optimizer.param_groups for p in g["params"]):
+            return optimizer  # already over the sharded parameters
+        rebuilt = rebuild_optimizer(optimizer, self._param_names, current)
+        self._rebuilt[id(optimizer)] = self._rebuilt[id(rebuilt)] = rebuilt
+        return rebuilt
+
+    def _use_sharded_scaler(self, wrapper: AmpOptimWrapper) -> None:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        wrapper.device_type = self.device.type
+        scaler = wrapper.loss_scaler
+        if scaler is None or isinstance(scaler, ShardedGradScaler):
+            return
+        sharded = ShardedGradScaler(self.device.type, enabled=scaler.is_enabled())
+        state = scaler.state_dict()
+        if state:
+            sharded.load_state_dict(state)
+        wrapper.loss_scaler = sharded
+
+    def _adopt_scheduler(self, scheduler: _ParamScheduler, optim_wrapper: Any) -> _ParamScheduler:
+        """Point a pre-built scheduler at the rebuilt optimizer (kept, with its state)."""
+        current = unwrap_optimizer(scheduler.optimizer)
+        new = self._rebuilt.get(id(current))  # keyed by the old and the new optimizer
+        if new is None:
+            return scheduler
+        if scheduler.optimizer is current:  # built on the bare optimizer, not on a wrapper
+            scheduler.optimizer = new
+        hook = getattr(scheduler, "_step_hook", None)
+        if hook is not None:  # it watches the old optimizer for its first step: watch the new
+            hook.remove()
+            ref = weakref.ref(scheduler)
+
+            def mark_stepped(*_: Any) -> None:
+                owner = ref()
+                if owner is not None:
+                    owner._optimizer_stepped = True
+
+            scheduler._step_hook = new.register_step_post_hook(mark_stepped)
+        return scheduler
+
+    # ------------------------------------------------------------------ state dicts
+    def _state_dict_options(self, **overrides: Any) -> StateDictOptions:
+        """Options of :meth:`model_state_dict` and :meth:`optim_state_dict` for the format."""
+        if self._state_dict.format == "full":
+            options = dict(full_state_dict=True, cpu_offload=self._state_dict.rank0_only)
+        else:
+            options = dict(full_state_dict=False, cpu_offload=False)
+        return StateDictOptions(**{**options, **overrides})
+
+    def _offload(self, state: Any) -> Any:
+        if self._state_dict.format == "full" and self._state_dict.offload_to_cpu:
+            return _map_tensors(state, lambda t: t.cpu())
+        return state
+
+    def model_state_dict(self) -> dict[str, Any]:
+        """The model's state dict in the checkpoint format: full tensors (``'full'``: on
+        rank 0 only and on the CPU, as ``state_dict_config`` says) or DTensor shards."""
+        return self._offload(super().model_state_dict())
+
+    def optim_state_dict(self) -> dict[str, Any]:
+        """The optimizer state keyed by parameter name, in the checkpoint format."""
+        return self._offload(super().optim_state_dict())
+
+    @staticmethod
+    def _load_options(state: Any, **overrides: Any) -> StateDictOptions:
+        """DTensors load shard to shard; full tensors are taken from rank 0 (the others may
+        hold placeholders)."""
+        if _contains_dtensor(state):
+            return StateDictOptions(full_state_dict=False, **overrides)
+        return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, **overrides)
+
+    def _set_model_state_dict(self, state_dict: dict[str, Any]) -> None:
+        options = self._load_options(state_dict, strict=False)
+        set_model_state_dict(self.model, state_dict, options=options)
+
+    def _set_optim_state_dict(
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        set_optimizer_state_dict(
+            self.model, optimizer, state, options=self._load_options(state["state"])
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint_format(self) -> str:
+        return self._state_dict.format
+
+    def _write_checkpoint(self, state: dict[str, Any], staging: Path) -> None:
+        fmt = self._state_dict.format
+        if fmt == "sharded":
+            save_sharded_checkpoint(state, staging)
+        elif fmt == "local":
+            save_local_checkpoint(state, staging, self.rank)
+        elif self.rank == 0:
+            save_full_checkpoint(_map_tensors(state, lambda t: t.cpu()), staging)
+
+    def _read_checkpoint(self, filename: Any, map_location: Any) -> dict:
+        """Read any format onto the sharded model: a full checkpoint is read by rank 0 only
+        (the others get placeholders; loading broadcasts from rank 0), a sharded one into
+        DTensor shards (DCP reshards to this mesh), a local one as this rank's shards."""
+        if not self._prepared:
+            raise RuntimeError(
+                "FSDPStrategy reads a checkpoint onto the sharded model: call prepare() first"
+            )
+        path = self._find_checkpoint(filename)
+        fmt = self._on_rank0(lambda: detect_format(path))
+        if fmt == "full":
+            return self._read_full_on_rank0(path)
+        if fmt == "sharded":  # small files on every rank (agreed), then DCP's collective load
+            skeleton, specs = self._on_every_rank(lambda: read_sharded_meta(path))
+            return load_sharded_tensors(path, skeleton, specs, self._shard_factory())
+        return self._on_every_rank(lambda: self._read_local(path))
+
+    def _on_rank0(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on rank 0, its result (or its exception) on every rank."""
+        result, error = None, None
+        if self.rank == 0:
+            try:
+                result = fn()
+            except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
+                error = exc
+        error, result = dist.broadcast_object((error, result), src=0)
+        if error is not None:
+            raise error
+        return result
+
+    def _on_every_rank(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on every rank; if it fails anywhere, it fails everywhere."""
+        result, error = None, None
+        try:
+            result = fn()
+        except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
+            error = exc
+        message = None if error is None else f"{type(error).__name__}: {error}"
+        errors = dist.all_gather_object(message)
+        if error is not None:
+            raise error
+        failed = [(rank, err) for rank, err in enumerate(errors) if err is not None]
+        if failed:
+            raise CheckpointError(
+                "reading the checkpoint failed on rank(s) "
+                + ", ".join(f"{rank} ({err})" for rank, err in failed)
+            )
+        return result
+
+    def _read_full_on_rank0(self, path: Path) -> dict[str, Any]:
+        """Rank 0 reads the file; the others get its structure, with a meta-device placeholder
+        for every model and optimizer tensor (and its metadata, RNG states included, whole)."""
+        checkpoint: dict[str, Any] = {}
+
+        def read() -> dict[str, Any]:
+            checkpoint.update(load_full_checkpoint(path, map_location="cpu"))
+            return _skeleton(checkpoint)
+
+        skeleton = self._on_rank0(read)
+        if self.rank == 0:
+            return checkpoint
+        return _map_specs(skeleton, lambda spec: spec.placeholder())
+
+    def _shard_factory(self) -> Callable[[tuple[str, ...], torch.Size, torch.dtype], torch.Tensor]:
+        """Where each stored tensor of a sharded checkpoint goes: a DTensor laid out like the
+        parameter it belongs to (model weights and per-parameter optimizer state), else a
+        plain tensor read whole."""
+        params = self._params_by_name()
+
+        def factory(path: tuple[str, ...], shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+            fqn = _param_name_of(path)
+            if fqn is not None and fqn not in params:
+                fqn = fqn.removeprefix("module.")
+            param = params.get(fqn) if fqn is not None else None
+            if isinstance(param, DTensor) and tuple(param.shape) == tuple(shape):
+                return torch.empty_like(param, dtype=dtype, requires_grad=False)
+            return torch.empty(shape, dtype=dtype)
+
+        return factory
+
+    def _params_by_name(self) -> dict[str, nn.Parameter]:
+        return {clean_name(n): p for n, p in self.model.named_parameters()}
+
+    def _read_local(self, path: Path) -> dict[str, Any]:
+        checkpoint = load_local_checkpoint(path, self.rank, self.world_size)
+        params = self._params_by_name()
+
+        def as_shard(fqn: str, tensor: Any) -> Any:
+            param = params.get(fqn)
+            if not isinstance(param, DTensor) or not isinstance(tensor, torch.Tensor):
+                return tensor
+            if tensor.dim() == 0:
+                return tensor
+            local = param.to_local()
+            if tensor.shape != local.shape:
+                if tensor.shape == param.shape and tensor.numel() != local.numel():
+                    return tensor  # a full tensor (e.g. NO_SHARD), loaded as such
+                raise CheckpointError(
+                    f"{path}: rank {self.rank}'s shard of {fqn!r} has shape "
+                    f"{tuple(tensor.shape)}, but this rank's shard is {tuple(local.shape)}: "
+                    "the checkpoint was saved with a different sharding. A local checkpoint "
+                    "loads only with the same model_wrapper and number of ranks; save "
+                    "'sharded' to reshard"
+                )
+            return DTensor.from_local(
+                tensor.to(local.device),
+                param.device_mesh,
+                param.placements,
+                shape=param.shape,
+                stride=param.stride(),
+                run_check=False,
+            )
+
+        checkpoint["state_dict"] = {
+            k: as_shard(k, v) for k, v in checkpoint.get("state_dict", {}).items()
+        }
+        if "optimizer" in checkpoint:
+            checkpoint["optimizer"] = _map_optimizer_states(checkpoint["optimizer"], as_shard)
+        return checkpoint
+
+
+def _param_name_of(path: tuple[str, ...]) -> str | None:
+    """The parameter a tensor of a checkpoint belongs to, from its path in the checkpoint:
+    ``('state_dict', name)`` or ``('optimizer', [optimizer name,] 'state', name, key)``."""
+    if len(path) > 1 and path[0] == "state_dict":
+        return path[1]
+    if path and path[0] == "optimizer" and "state" in path[:-2]:
+        return path[path.index("state") + 1]
+    return None
+
+
+def _skeleton(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """``checkpoint`` with a :class:`_TensorSpec` for every model and optimizer tensor (every
+    tensor of a bare state dict)."""
+    if checkpoint and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
+        return {k: _TensorSpec(v) for k, v in checkpoint.items()}
+    return {
+        k: _map_tensors(v, _TensorSpec) if k in ("state_dict", "optimizer") else v
+        for k, v in checkpoint.items()
+    }
+
+
+def _map_specs(tree: Any, fn: Callable[[_TensorSpec], Any]) -> Any:
+    if isinstance(tree, _TensorSpec):
+        return fn(tree)
+    if isinstance(tree, Mapping):
+        return {k: _map_specs(v, fn) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_map_specs(v, fn) for v in tree)
+    return tree
+
+
+def _map_optimizer_states(optim_state: Any, fn: Callable[[str, Any], Any]) -> Any:
+    """Apply ``fn(param_name, value)`` to every per-parameter state value (one optimizer's
+    state, or a dict of them by optimizer name)."""
+    if not isinstance(optim_state, Mapping):
+        return optim_state
+    if "state" in optim_state and "param_groups" in optim_state:
+        state = {
+            fqn: {k: fn(fqn, v) for k, v in per_param.items()}
+            for fqn, per_param in optim_state["state"].items()
+        }
+        return {**optim_state, "state": state}
+    return {k: _map_optimizer_states(v, fn) for k, v in optim_state.items()}
