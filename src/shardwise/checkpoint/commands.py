@@ -1,9 +1,184 @@
-"""``shardwise ckpt inspect|convert|verify`` (placeholder until the checkpoint tools land)."""
+"""``shardwise ckpt inspect|convert|verify``: look into, convert and check checkpoints.
+
+Examples::
+
+    shardwise ckpt inspect work_dirs/gpt/iter_1000.pth           # format, meta, tensors
+    shardwise ckpt inspect work_dirs/gpt/iter_1000.pth --json    # the same, for scripts
+    shardwise ckpt convert iter_1000.pth gpt.safetensors --to safetensors --dtype bf16
+    shardwise ckpt convert iter_1000.pth iter_1000_full.pth --to full --model-only
+    shardwise ckpt verify work_dirs/gpt/iter_1000.pth            # files, checksums, metadata
+
+Exit status: 0 on success; 1 when a checkpoint is damaged or fails verification; 2 for bad
+input (a missing path, an unknown option value, a destination that exists).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_ckpt_parser"]
+
+_DAMAGED, _BAD_INPUT = 1, 2
 
 
 def add_ckpt_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``shardwise ckpt``."""
+    from .convert import TARGETS
+
+    ckpt = sub.add_parser(
+        "ckpt",
+        help="inspect, convert and verify checkpoints (full, sharded, local, safetensors)",
+        description="Look into, convert and check checkpoints: full (one file), sharded "
+        "(a DCP directory), local (rank{i}.pth files) and safetensors.",
+        epilog="examples:" + __doc__.split("Examples::")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = ckpt.add_subparsers(dest="ckpt_command", required=True, metavar="COMMAND")
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="describe a checkpoint without loading its tensors",
+        description="Print a checkpoint's format, files, meta (strategy, world size, "
+        "epoch/iter) and every model and optimizer tensor's shape and dtype, read from its "
+        "metadata only.",
+    )
+    inspect.add_argument("path", help="a checkpoint file or directory, or a .safetensors file")
+    inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    inspect.set_defaults(func=_inspect)
+
+    convert = commands.add_parser(
+        "convert",
+        help="convert a checkpoint to full, sharded or safetensors (CPU, one process)",
+        description="Convert a full or sharded checkpoint. The output appears under DST only "
+        "once complete, with a manifest of its checksums. A safetensors file holds the model "
+        "weights only and is written tensor by tensor (memory: the largest tensor).",
+    )
+    convert.add_argument("src", help="the checkpoint to convert (full or sharded)")
+    convert.add_argument("dst", help="where to write the result (must not exist)")
+    convert.add_argument("--to", required=True, choices=TARGETS, help="the output format")
+    convert.add_argument(
+        "--dtype",
+        choices=("bf16", "fp16", "fp32"),
+        help="cast the floating-point model weights (the optimizer state keeps its dtype)",
+    )
+    convert.add_argument(
+        "--model-only",
+        action="store_true",
+        help="keep the model weights and meta; drop the optimizer, schedulers and extras",
+    )
+    convert.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    convert.add_argument("--no-progress", action="store_true", help="no progress bar")
+    convert.set_defaults(func=_convert)
+
+    verify = commands.add_parser(
+        "verify",
+        help="check a checkpoint's files, checksums and metadata",
+        description="Check that every file of a checkpoint is present with the size and "
+        "SHA-256 its manifest recorded at save time, and that its metadata is consistent "
+        "(e.g. every file DCP's .metadata refers to exists). Without a manifest only the "
+        "structural checks run. Exits 1 naming each bad file.",
+    )
+    verify.add_argument("path", help="a checkpoint file or directory, or a .safetensors file")
+    verify.add_argument(
+        "--write-manifest",
+        action="store_true",
+        help="after the checks pass, record the checksums of a checkpoint that has no "
+        "manifest (or replace its manifest), so that later verifies compare against them",
+    )
+    verify.add_argument("--no-progress", action="store_true", help="no progress bar")
+    verify.set_defaults(func=_verify)
+
+
+def _error(command: str, message: Any, status: int) -> int:
+    print(f"shardwise ckpt {command}: error: {message}", file=sys.stderr)
+    return status
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from .commit import CheckpointError
+    from .inspect import format_inspection, inspect_checkpoint
+
+    try:
+        summary = inspect_checkpoint(args.path)
+    except FileNotFoundError as exc:
+        return _error("inspect", exc, _BAD_INPUT)
+    except CheckpointError as exc:
+        return _error("inspect", exc, _DAMAGED)
+    print(json.dumps(summary, indent=2) if args.json else format_inspection(summary))
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from .commit import CheckpointError
+    from .convert import convert_checkpoint
+
+    if args.to == "safetensors" and not args.model_only:
+        print("note: a safetensors file holds the model weights only", file=sys.stderr)
+    try:
+        dst = convert_checkpoint(
+            args.src,
+            args.dst,
+            to=args.to,
+            dtype=args.dtype,
+            model_only=args.model_only,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+        )
+    except (FileNotFoundError, FileExistsError, ValueError) as exc:
+        return _error("convert", exc, _BAD_INPUT)
+    except CheckpointError as exc:
+        return _error("convert", exc, _DAMAGED)
+    print(f"wrote {dst} ({args.to})")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from .manifest import write_manifest
+    from .verify import verify_checkpoint
+
+    path = Path(args.path)
+    total = sum(p.stat().st_size for p in _files(path)) if path.exists() else 0
+    bar = tqdm(
+        total=total,
+        desc=f"verify {path.name}",
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        disable=args.no_progress,
+        leave=False,
+    )
+    try:
+        with bar:
+            report = verify_checkpoint(path, on_bytes=bar.update)
+    except FileNotFoundError as exc:
+        return _error("verify", exc, _BAD_INPUT)
+    for note in report.notes:
+        print(f"note: {note}")
+    if not report.ok:
+        for problem in report.problems:
+            if not problem.file:
+                where = path
+            elif path.is_dir():
+                where = path / problem.file
+            else:
+                where = path.with_name(problem.file)
+            print(f"FAILED {where}: {problem.reason}", file=sys.stderr)
+        return _error("verify", f"{path} failed {len(report.problems)} check(s)", _DAMAGED)
+    checked = f"checked against {report.manifest.name}" if report.manifest else "structure only"
+    print(f"OK {path} ({report.format}; {checked})")
+    if args.write_manifest:
+        print(f"recorded {write_manifest(path)}")
+    return 0
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return [p for p in path.rglob("*") if p.is_file()]
+    return [path]

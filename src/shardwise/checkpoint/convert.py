@@ -1,0 +1,272 @@
+"""Convert a checkpoint between formats on the CPU, in one process (no process group).
+
+- ``to='full'``: one ``torch.save`` file, what ``SingleDeviceStrategy``/``DDPStrategy`` save;
+- ``to='sharded'``: a DCP directory (written by this one process), which every strategy
+  loads on any number of ranks;
+- ``to='safetensors'``: the model weights alone, for serving, streamed tensor by tensor
+  (memory: the largest tensor, not the model).
+
+The source is a full or sharded checkpoint (or a safetensors file); a local one holds shards
+that only ``FSDPStrategy`` on the same number of ranks can place, so it is refused with that
+way out. ``dtype`` casts the floating-point model weights (the optimizer state keeps its
+precision: its step counters and moments need it); ``model_only`` keeps only the weights and
+``meta``. The output is written through the commit protocol — nothing appears under ``dst``
+until it is complete — with a manifest of its checksums.
+
+Example::
+
+    >>> convert_checkpoint('work_dirs/gpt/iter_1000.pth', 'gpt.safetensors',
+    ...                    to='safetensors', dtype='bf16')
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+from .commit import CheckpointCommit, CheckpointError
+from .full import save_full_checkpoint
+from .manifest import stage_manifest
+from .reader import (
+    MODEL,
+    CheckpointReader,
+    TensorInfo,
+    local_checkpoint_error,
+    map_leaves,
+    open_checkpoint,
+)
+from .safetensors_export import export_safetensors, safetensors_header
+from .sharded import save_sharded_checkpoint
+
+__all__ = ["DTYPES", "TARGETS", "convert_checkpoint", "parse_dtype"]
+
+logger = logging.getLogger(__name__)
+
+#: The formats :func:`convert_checkpoint` writes.
+TARGETS = ("full", "sharded", "safetensors")
+#: ``dtype`` names (the command line's ``--dtype``) and their long forms.
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+_KEPT_BY_MODEL_ONLY = (MODEL, "meta")
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """``'bf16'`` / ``'fp16'`` / ``'fp32'`` (or their long names, or a torch dtype among
+    these) -> the torch dtype; None stays None."""
+    if dtype is None or (isinstance(dtype, torch.dtype) and dtype in DTYPES.values()):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower().removeprefix("torch.") in DTYPES:
+        return DTYPES[dtype.lower().removeprefix("torch.")]
+    raise ValueError(f"dtype={dtype!r} is not one convert casts to; use one of bf16, fp16, fp32")
+
+
+def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
+    if dst.exists() or dst.is_symlink():
+        if not overwrite:
+            raise FileExistsError(
+                f"destination {str(dst)!r} already exists; choose another path, or pass "
+                "--overwrite (overwrite=True) to replace it"
+            )
+        if dst.resolve() == src.resolve():
+            raise ValueError(
+                f"destination {str(dst)!r} is the source checkpoint; write the conversion to "
+                "another path"
+            )
+    if src.is_dir() and dst.resolve().is_relative_to(src.resolve()):
+        raise ValueError(
+            f"destination {str(dst)!r} is inside the source checkpoint {str(src)!r}; write the "
+            "conversion beside it instead"
+        )
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        disable=not enabled,
+        leave=False,
+    )
+
+
+def _converted_meta(reader: CheckpointReader, meta: Any, **record: Any) -> dict[str, Any]:
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    meta["converted_from"] = dict(
+        path=str(reader.path.absolute()),
+        format=reader.format,
+        time=time.strftime("%Y-%m-%d %H:%M:%S"),
+        **record,
+    )
+    return meta
+
+
+def _safetensors_metadata(reader: CheckpointReader, dtype: torch.dtype | None) -> dict[str, str]:
+    """String metadata for the safetensors header: what a serving stack or a reader of the
+    file wants to know about where the weights came from."""
+    metadata = {"format": "pt", "source_format": reader.format}
+    for key in ("shardwise_version", "strategy", "world_size", "seed", "epoch", "iter", "step"):
+        value = reader.meta.get(key)
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            metadata[key] = str(value)
+    if dtype is not None:
+        metadata["dtype"] = str(dtype).removeprefix("torch.")
+    return metadata
+
+
+def _nbytes(tree: Any) -> int:
+    total = 0
+
+    def add(_: tuple[str, ...], leaf: Any) -> Any:
+        nonlocal total
+        if isinstance(leaf, TensorInfo):
+            total += leaf.nbytes
+        return leaf
+
+    map_leaves(tree, add)
+    return total
+
+
+def _load_state(
+    reader: CheckpointReader,
+    tree: dict[str, Any],
+    *,
+    dtype: torch.dtype | None,
+    on_tensor: Callable[[TensorInfo], None],
+) -> dict[str, Any]:
+    state = reader.load(tree, on_tensor=on_tensor)
+    if dtype is not None and MODEL in state:
+
+        def cast(_: tuple[str, ...], leaf: Any) -> Any:
+            if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+                return leaf.to(dtype)
+            return leaf
+
+        state[MODEL] = map_leaves(state[MODEL], cast)
+    return state
+
+
+def _write(state: dict[str, Any], staging: Path, to: str) -> None:
+    if to == "full":
+        save_full_checkpoint(state, staging)
+        return
+    with warnings.catch_warnings():  # one process without a process group: intended
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        save_sharded_checkpoint(state, staging)
+
+
+def convert_checkpoint(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    to: str,
+    dtype: str | torch.dtype | None = None,
+    model_only: bool = False,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> Path:
+    """Convert the checkpoint ``src`` into format ``to`` at ``dst``; returns ``dst``.
+
+    Args:
+        to: ``'full'``, ``'sharded'`` or ``'safetensors'``.
+        dtype: cast floating-point model weights to ``'bf16'``, ``'fp16'`` or ``'fp32'``.
+        model_only: keep the weights and ``meta``, drop the optimizer, schedulers and extras
+            (a safetensors file always holds the weights only).
+        overwrite: replace ``dst`` if it exists (atomically: the old one stays until the new
+            one is complete).
+        progress: show a progress bar on stderr.
+
+    Raises:
+        ValueError: an unknown ``to`` or ``dtype``, or ``dst`` is (inside) ``src``.
+        FileNotFoundError: ``src`` does not exist.
+        FileExistsError: ``dst`` exists and ``overwrite`` is False.
+        CheckpointError: ``src`` is damaged, or a local checkpoint.
+        RuntimeError: called inside a process group of more than one rank.
+    """
+    distributed = torch_dist.is_available() and torch_dist.is_initialized()
+    if distributed and torch_dist.get_world_size() > 1:
+        raise RuntimeError(
+            "convert_checkpoint runs in one process, without a process group; this one is "
+            f"rank {torch_dist.get_rank()} of {torch_dist.get_world_size()}. Run "
+            "`shardwise ckpt convert` outside the training job"
+        )
+    if to not in TARGETS:
+        raise ValueError(
+            f"to={to!r} is not a format convert writes; use one of {', '.join(TARGETS)}"
+        )
+    cast_to = parse_dtype(dtype)
+    src, dst = Path(src), Path(dst)
+    if not src.exists():
+        raise FileNotFoundError(
+            f"checkpoint {str(src)!r} does not exist; give the path of a checkpoint file or "
+            "directory"
+        )
+    _check_destination(src, dst, overwrite)
+    reader = open_checkpoint(src)
+    if reader.format == "local":
+        raise local_checkpoint_error(src)
+    if to == "safetensors":  # checks every tensor can be stored before anything is written
+        metadata = _safetensors_metadata(reader, cast_to)
+        safetensors_header(reader.tensors(MODEL), dtype=cast_to, metadata=metadata)
+    tree = reader.skeleton
+    if model_only or to == "safetensors":
+        tree = {k: v for k, v in tree.items() if k in _KEPT_BY_MODEL_ONLY}
+    start = time.perf_counter()
+    bar = _progress(_nbytes(tree), f"{to} {dst.name}", progress)
+
+    def on_tensor(info: TensorInfo) -> None:
+        bar.update(info.nbytes)
+
+    try:
+        with bar, CheckpointCommit(dst, is_dir=to == "sharded") as staging:
+            if to == "safetensors":
+                export_safetensors(
+                    reader, staging, dtype=cast_to, metadata=metadata, on_tensor=on_tensor
+                )
+            else:
+                state = _load_state(reader, tree, dtype=cast_to, on_tensor=on_tensor)
+                state["meta"] = _converted_meta(
+                    reader,
+                    state.get("meta"),
+                    dtype=None if cast_to is None else str(cast_to).removeprefix("torch."),
+                    model_only=model_only,
+                )
+                state["meta"]["format"] = to
+                _write(state, staging, to)
+                del state
+            # Until CheckpointCommit records manifests itself (then this and manifest.commit()
+            # below are redundant, and harmless).
+            manifest = stage_manifest(staging, dst.absolute())
+    except CheckpointError as exc:
+        if isinstance(exc.__context__, Exception):  # the staging files are gone: say why
+            raise exc.__context__ from None
+        raise
+    manifest.commit()
+    logger.info(
+        "Converted %s (%s) to %s (%s) in %.2f s",
+        src,
+        reader.format,
+        dst,
+        to,
+        time.perf_counter() - start,
+    )
+    return dst

@@ -1,0 +1,184 @@
+"""Describe a checkpoint without loading its tensors.
+
+:func:`inspect_checkpoint` returns a JSON-ready summary — format, files, who saved it (strategy,
+world size, shardwise version, time), the training position (epoch / iter / step) when ``meta``
+records one, and every model and optimizer tensor's shape, dtype and size — read from the
+checkpoint's metadata alone (see :func:`~shardwise.checkpoint.reader.open_checkpoint`).
+:func:`format_inspection` renders it for a terminal.
+
+Example::
+
+    >>> summary = inspect_checkpoint('work_dirs/demo/epoch_1.pth')
+    >>> summary['format'], summary['world_size'], summary['tensor_count']
+    ('sharded', 2, 25)
+    >>> print(format_inspection(summary))
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .manifest import manifest_path
+from .reader import TENSOR_SECTIONS, LocalReader, TensorInfo, open_checkpoint
+
+__all__ = ["format_inspection", "inspect_checkpoint"]
+
+_POSITION_KEYS = ("epoch", "iter", "step")
+_SAVED_BY_KEYS = ("strategy", "shardwise_version", "time", "seed")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _tensor_entry(info: TensorInfo) -> dict[str, Any]:
+    return dict(
+        key=info.key,
+        section=info.section,
+        name=info.name,
+        shape=list(info.shape),
+        dtype=_dtype_name(info.dtype),
+        nbytes=info.nbytes,
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, TensorInfo | torch.Tensor):
+        return f"<tensor {_dtype_name(value.dtype)} {list(value.shape)}>"
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return repr(value)
+
+
+def _meta_summary(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` for display: RNG states are counted, not printed."""
+    summary = {k: v for k, v in meta.items() if k != "rng_states"}
+    if "rng_states" in meta:
+        summary["rng_states"] = f"<{len(meta['rng_states'])} rank(s)>"
+    return _jsonable(summary)
+
+
+def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A JSON-ready description of the checkpoint at ``path`` (full, sharded, local or
+    safetensors); no tensor data is read.
+
+    Raises:
+        FileNotFoundError: nothing is at ``path``.
+        CheckpointError: it is not a checkpoint, or is damaged.
+    """
+    path = Path(path)
+    reader = open_checkpoint(path)
+    meta = reader.meta
+    base = path if path.is_dir() else path.parent
+    files = [dict(name=name, size=(base / name).stat().st_size) for name in reader.files]
+    tensors = reader.tensors()
+    sections = {
+        section: dict(
+            count=len(found := [t for t in tensors if t.section == section]),
+            nbytes=sum(t.nbytes for t in found),
+        )
+        for section in TENSOR_SECTIONS
+        if any(t.section == section for t in tensors)
+    }
+    world_size = meta.get("world_size")
+    if isinstance(reader, LocalReader) and world_size is None:
+        world_size = len(reader.ranks)
+    if isinstance(world_size, str) and world_size.isdigit():  # safetensors metadata: strings
+        world_size = int(world_size)
+    summary: dict[str, Any] = dict(
+        path=str(path.absolute()),
+        format=reader.format,
+        files=files,
+        size=sum(f["size"] for f in files),
+        manifest=manifest_path(path).is_file(),
+        world_size=world_size,
+        **{key: meta.get(key) for key in _SAVED_BY_KEYS},
+        position={key: meta[key] for key in _POSITION_KEYS if key in meta},
+        tensor_count=len(tensors),
+        tensor_bytes=sum(t.nbytes for t in tensors),
+        sections=sections,
+        other_keys=sorted(k for k in reader.skeleton if k not in (*TENSOR_SECTIONS, "meta")),
+        tensors=[_tensor_entry(t) for t in tensors],
+        meta=_meta_summary(meta),
+    )
+    if isinstance(reader, LocalReader):
+        summary["ranks"] = [
+            dict(
+                rank=rank,
+                file=rank_reader.path.name,
+                tensor_count=len(rank_tensors := rank_reader.tensors()),
+                tensor_bytes=sum(t.nbytes for t in rank_tensors),
+            )
+            for rank, rank_reader in reader.ranks.items()
+        ]
+        summary["shapes_are"] = "rank 0's shards"
+    return _jsonable(summary)
+
+
+def _size(nbytes: int) -> str:
+    size = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_inspection(summary: dict[str, Any]) -> str:
+    """:func:`inspect_checkpoint`'s summary as text for a terminal."""
+    files = summary["files"]
+    layout = {
+        "full": "one torch.save file",
+        "sharded": f"DCP directory, {len(files)} files",
+        "local": f"directory of {len(summary.get('ranks', []))} rank files",
+        "safetensors": "safetensors file",
+    }[summary["format"]]
+    lines = [
+        f"checkpoint  {summary['path']}",
+        f"format      {summary['format']} ({layout}, {_size(summary['size'])}"
+        + (", with manifest)" if summary["manifest"] else ", no manifest)"),
+    ]
+    saved_by = [
+        f"{summary['strategy']}" if summary.get("strategy") else None,
+        f"{summary['world_size']} rank(s)" if summary.get("world_size") is not None else None,
+        f"shardwise {summary['shardwise_version']}" if summary.get("shardwise_version") else None,
+        summary.get("time"),
+    ]
+    if any(saved_by):
+        lines.append("saved by    " + ", ".join(str(s) for s in saved_by if s))
+    if summary.get("seed") is not None:
+        lines.append(f"seed        {summary['seed']}")
+    if summary["position"]:
+        lines.append("position    " + ", ".join(f"{k} {v}" for k, v in summary["position"].items()))
+    if summary["other_keys"]:
+        lines.append("also holds  " + ", ".join(summary["other_keys"]))
+    per_section = ", ".join(
+        f"{name} {s['count']} ({_size(s['nbytes'])})" for name, s in summary["sections"].items()
+    )
+    lines.append(
+        f"tensors     {summary['tensor_count']} ({_size(summary['tensor_bytes'])})"
+        + (f": {per_section}" if per_section else "")
+    )
+    for rank in summary.get("ranks", []):
+        lines.append(
+            f"  {rank['file']:<12} {rank['tensor_count']} tensors ({_size(rank['tensor_bytes'])})"
+        )
+    if "shapes_are" in summary:
+        lines.append(f"shapes below are {summary['shapes_are']}")
+    for section in summary["sections"]:
+        entries = [t for t in summary["tensors"] if t["section"] == section]
+        width = max(len(t["name"]) for t in entries)
+        lines.append("")
+        lines.append(f"{section}:")
+        for t in entries:
+            shape = "[" + ", ".join(str(d) for d in t["shape"]) + "]"
+            lines.append(f"  {t['name']:<{width}}  {t['dtype']:<9} {shape}")
+    return "\n".join(lines)

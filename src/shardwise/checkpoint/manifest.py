@@ -1,0 +1,251 @@
+"""Checksums recorded at save time: a manifest of every file of a checkpoint.
+
+A directory checkpoint (sharded, local) holds ``manifest.json``; a single-file checkpoint
+(full, safetensors) has a sidecar ``NAME.manifest.json`` beside it. Either maps each file,
+relative to the checkpoint, to its size and SHA-256::
+
+    {"manifest_version": 1, "algorithm": "sha256", "created": "2025-01-01 12:00:00",
+     "files": {"__0_0.distcp": {"size": 1048576, "sha256": "9f86d08..."}, ...}}
+
+:func:`verify_manifest` re-reads every listed file and reports each one that is missing or
+whose size or checksum changed. In the commit protocol, :func:`stage_manifest` records the
+manifest of the staging path just before it is renamed into place, so that a manifest never
+describes anything but the checkpoint beside it.
+
+Example::
+
+    >>> write_manifest('work_dirs/demo/epoch_1.pth')
+    PosixPath('work_dirs/demo/epoch_1.pth/manifest.json')
+    >>> verify_manifest('work_dirs/demo/epoch_1.pth')
+    []
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .commit import CheckpointError, _atomic_write_text, _fsync_dir, staging_path
+
+__all__ = [
+    "MANIFEST",
+    "PendingManifest",
+    "Problem",
+    "build_manifest",
+    "file_sha256",
+    "manifest_path",
+    "read_manifest",
+    "stage_manifest",
+    "verify_manifest",
+    "write_manifest",
+]
+
+MANIFEST = "manifest.json"
+_SIDECAR_SUFFIX = ".manifest.json"
+_VERSION = 1
+_CHUNK = 8 << 20
+
+#: Called with the number of bytes just read (drives a progress bar).
+OnBytes = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a checkpoint: the file (relative to a directory checkpoint, or
+    the file's own name) and what is wrong with it."""
+
+    file: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.reason}"
+
+
+def manifest_path(checkpoint: str | os.PathLike[str]) -> Path:
+    """Where the manifest of ``checkpoint`` lives: ``DIR/manifest.json`` for a directory,
+    ``NAME.manifest.json`` beside a file."""
+    checkpoint = Path(checkpoint)
+    if checkpoint.is_dir():
+        return checkpoint / MANIFEST
+    return checkpoint.with_name(checkpoint.name + _SIDECAR_SUFFIX)
+
+
+def file_sha256(path: str | os.PathLike[str], on_bytes: OnBytes | None = None) -> str:
+    """The SHA-256 of a file, read in chunks of 8 MiB."""
+    digest = hashlib.sha256()
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            digest.update(view[:n])
+            if on_bytes is not None:
+                on_bytes(n)
+    return digest.hexdigest()
+
+
+def _checkpoint_files(checkpoint: Path) -> list[str]:
+    """Every file of a directory checkpoint (relative, POSIX), the manifest excluded."""
+    files = []
+    for root, _, names in os.walk(checkpoint):
+        for name in names:
+            rel = (Path(root) / name).relative_to(checkpoint).as_posix()
+            if rel != MANIFEST:
+                files.append(rel)
+    return sorted(files)
+
+
+def build_manifest(
+    checkpoint: str | os.PathLike[str], *, name: str | None = None, on_bytes: OnBytes | None = None
+) -> dict[str, Any]:
+    """The manifest of ``checkpoint`` (a directory, or a file recorded as ``name``, by
+    default its own name)."""
+    checkpoint = Path(checkpoint)
+    if checkpoint.is_dir():
+        entries = {rel: checkpoint / rel for rel in _checkpoint_files(checkpoint)}
+    else:
+        entries = {name or checkpoint.name: checkpoint}
+    files = {
+        rel: dict(size=path.stat().st_size, sha256=file_sha256(path, on_bytes))
+        for rel, path in entries.items()
+    }
+    return dict(
+        manifest_version=_VERSION,
+        algorithm="sha256",
+        created=time.strftime("%Y-%m-%d %H:%M:%S"),
+        files=files,
+    )
+
+
+def _dump(manifest: dict[str, Any]) -> str:
+    return json.dumps(manifest, indent=1, sort_keys=False) + "\n"
+
+
+def write_manifest(checkpoint: str | os.PathLike[str], *, on_bytes: OnBytes | None = None) -> Path:
+    """Record the size and SHA-256 of every file of ``checkpoint`` (atomically); returns the
+    manifest's path. For a checkpoint saved without one, or after a deliberate edit."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.exists():
+        raise FileNotFoundError(f"checkpoint {str(checkpoint)!r} does not exist")
+    target = manifest_path(checkpoint)
+    _atomic_write_text(target, _dump(build_manifest(checkpoint, on_bytes=on_bytes)))
+    return target
+
+
+def read_manifest(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The manifest of ``checkpoint``, or None when it has none.
+
+    Raises:
+        CheckpointError: the manifest exists but is not a valid manifest.
+    """
+    target = manifest_path(checkpoint)
+    if not target.is_file():
+        return None
+    try:
+        manifest = json.loads(target.read_text())
+        files = manifest["files"]
+        if manifest.get("algorithm") != "sha256" or not all(
+            isinstance(v.get("size"), int) and isinstance(v.get("sha256"), str)
+            for v in files.values()
+        ):
+            raise ValueError("unknown algorithm or malformed file entries")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(
+            f"{target} is not a valid manifest ({exc}); delete it, or record a new one with "
+            "`shardwise ckpt verify --write-manifest` once the checkpoint is known to be good"
+        ) from exc
+    return manifest
+
+
+def verify_manifest(
+    checkpoint: str | os.PathLike[str], *, on_bytes: OnBytes | None = None
+) -> list[Problem]:
+    """Compare every file the manifest lists with what is on disk; return what differs
+    (an empty list: every file is present, with the recorded size and checksum).
+
+    Raises:
+        FileNotFoundError: ``checkpoint`` has no manifest.
+        CheckpointError: its manifest is damaged.
+    """
+    checkpoint = Path(checkpoint)
+    manifest = read_manifest(checkpoint)
+    if manifest is None:
+        raise FileNotFoundError(
+            f"{checkpoint} has no manifest ({manifest_path(checkpoint).name}); record one with "
+            "write_manifest() or `shardwise ckpt verify --write-manifest`"
+        )
+    files = manifest["files"]
+    if checkpoint.is_file() and checkpoint.name not in files and len(files) == 1:
+        files = {checkpoint.name: next(iter(files.values()))}  # renamed with its sidecar
+    problems = []
+    for rel, recorded in files.items():
+        path = checkpoint / rel if checkpoint.is_dir() else checkpoint.with_name(rel)
+        if not path.is_file():
+            problems.append(Problem(rel, "missing (the manifest lists it)"))
+            continue
+        size = path.stat().st_size
+        if size != recorded["size"]:
+            problems.append(
+                Problem(rel, f"size is {size} bytes, the manifest recorded {recorded['size']}")
+            )
+            continue
+        digest = file_sha256(path, on_bytes)
+        if digest != recorded["sha256"]:
+            problems.append(
+                Problem(
+                    rel,
+                    f"SHA-256 {digest[:12]}... differs from the recorded "
+                    f"{recorded['sha256'][:12]}... (its bytes changed after the save)",
+                )
+            )
+    return problems
+
+
+class PendingManifest:
+    """A manifest staged by :func:`stage_manifest`; :meth:`commit` moves a file
+    checkpoint's sidecar into place (a directory's manifest travels with the directory).
+    Committing twice, or after another stage-and-commit of the same save, is harmless."""
+
+    def __init__(self, staged: Path | None = None, final: Path | None = None) -> None:
+        self._staged = staged
+        self._final = final
+
+    def commit(self) -> None:
+        if self._staged is not None and self._final is not None and self._staged.exists():
+            os.replace(self._staged, self._final)
+            _fsync_dir(self._final.parent)
+
+
+def stage_manifest(
+    staging: str | os.PathLike[str], final: str | os.PathLike[str]
+) -> PendingManifest:
+    """The commit-protocol hook: record the manifest of ``staging`` before it is renamed to
+    ``final``; call ``.commit()`` on the result after the rename.
+
+    A directory gets ``manifest.json`` inside, so the rename publishes both at once. A file's
+    sidecar is written under a staging name, and the old sidecar (which describes the file
+    about to be replaced) is removed first: at every moment the checkpoint has either no
+    manifest or the one that describes it.
+    """
+    staging, final = Path(staging), Path(final)
+    sidecar = final.with_name(final.name + _SIDECAR_SUFFIX)
+    if staging.is_dir():
+        _write_synced(staging / MANIFEST, _dump(build_manifest(staging)))
+        sidecar.unlink(missing_ok=True)  # left by a file checkpoint this directory replaces
+        return PendingManifest()
+    staged = staging_path(sidecar)
+    _write_synced(staged, _dump(build_manifest(staging, name=final.name)))
+    sidecar.unlink(missing_ok=True)
+    return PendingManifest(staged, sidecar)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())

@@ -1,0 +1,501 @@
+"""`shardwise ckpt inspect|convert|verify`: what a user relies on when looking into,
+converting and checking checkpoints on one CPU process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from shardwise.checkpoint import CheckpointError
+from shardwise.checkpoint.convert import convert_checkpoint
+from shardwise.checkpoint.inspect import inspect_checkpoint
+from shardwise.checkpoint.manifest import manifest_path, verify_manifest, write_manifest
+from shardwise.checkpoint.sharded import save_sharded_checkpoint
+from shardwise.checkpoint.verify import verify_checkpoint
+from shardwise.cli import main
+from shardwise.strategies import FSDPStrategy, SingleDeviceStrategy
+from tests.distributed import REPO, run_distributed
+from tests.test_fsdp import full_weights
+from tests.toy import ToyNet, final_weights, train_steps
+
+OPTIM = dict(optimizer=dict(type="AdamW", lr=0.01))
+SCHEDULER = dict(type="LinearLR", start_factor=0.5, by_epoch=False, begin=0, end=4)
+
+
+def _prepared(work_dir, **kwargs):
+    strategy = SingleDeviceStrategy(
+        work_dir=str(work_dir), env_kwargs=dict(randomness=dict(seed=0)), **kwargs
+    )
+    model, wrapper, schedulers = strategy.prepare(
+        ToyNet(), optim_wrapper=OPTIM, param_scheduler=SCHEDULER
+    )
+    return strategy, model, wrapper, schedulers
+
+
+@pytest.fixture
+def full_ckpt(tmp_path) -> Path:
+    """A full checkpoint saved by SingleDeviceStrategy after two steps (epoch 1, iter 2)."""
+    strategy, model, wrapper, schedulers = _prepared(tmp_path / "run")
+    train_steps(model, wrapper, schedulers, range(2))
+    strategy.save_checkpoint("epoch_1.pth", extra_ckpt=dict(meta=dict(epoch=1, iter=2)))
+    return tmp_path / "run" / "epoch_1.pth"
+
+
+def _fsdp_save(work_dir: str) -> dict[str, torch.Tensor]:
+    """Two FSDP ranks train and save in the sharded and the local format."""
+    for fmt in ("sharded", "local"):
+        strategy = FSDPStrategy(
+            work_dir=work_dir, state_dict_cfg=fmt, env_kwargs=dict(randomness=dict(seed=0))
+        )
+        model, wrapper, schedulers = strategy.prepare(
+            ToyNet(width=16), optim_wrapper=OPTIM, param_scheduler=SCHEDULER
+        )
+        train_steps(model, wrapper, schedulers, range(2), rank=strategy.rank)
+        for buffer in model.buffers():  # BatchNorm statistics differ per rank without SyncBN
+            torch.distributed.broadcast(buffer, src=0)
+        strategy.save_checkpoint(f"{fmt}.ckpt", extra_ckpt=dict(meta=dict(iter=2)))
+    return full_weights(model)
+
+
+@pytest.fixture(scope="module")
+def fsdp_ckpts(tmp_path_factory):
+    """Sharded and local checkpoints written by FSDPStrategy on 2 ranks, and the weights."""
+    work_dir = tmp_path_factory.mktemp("fsdp")
+    weights = run_distributed(_fsdp_save, 2, str(work_dir), timeout=180)[0]
+    return work_dir, weights
+
+
+@pytest.fixture
+def sharded_copy(fsdp_ckpts, tmp_path) -> Path:
+    """A copy of the two-rank sharded checkpoint that a test may damage."""
+    return Path(shutil.copytree(fsdp_ckpts[0] / "sharded.ckpt", tmp_path / "sharded.ckpt"))
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["ckpt", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Read with the safetensors package (an optional extra: skip where it is missing)."""
+    return pytest.importorskip("safetensors.torch").load_file(path)
+
+
+def _tensors_equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_tensors_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_tensors_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+# ----------------------------------------------------------------------------- inspect
+def test_inspect_prints_format_meta_and_every_tensor_of_a_full_checkpoint(full_ckpt, capsys):
+    code, out, _ = _run(capsys, "inspect", full_ckpt)
+    assert code == 0
+    assert "format      full (one torch.save file" in out
+    assert "SingleDeviceStrategy, 1 rank(s), shardwise" in out
+    assert "position    epoch 1, iter 2" in out
+    assert "also holds  param_schedulers" in out
+    assert "tensors     27 " in out and "state_dict 9" in out and "optimizer 18" in out
+    assert "net.0.weight               float32   [8, 4]" in out
+    assert "net.1.num_batches_tracked  int64     []" in out
+    assert "state/net.0.weight/exp_avg" in out
+
+
+def test_inspect_json_lists_shapes_dtypes_and_sizes(full_ckpt, capsys):
+    code, out, _ = _run(capsys, "inspect", full_ckpt, "--json")
+    summary = json.loads(out)
+    state = torch.load(full_ckpt, weights_only=True)
+    assert code == 0 and summary["format"] == "full" and summary["world_size"] == 1
+    assert summary["strategy"] == "SingleDeviceStrategy"
+    assert summary["position"] == {"epoch": 1, "iter": 2}
+    model = {t["name"]: t for t in summary["tensors"] if t["section"] == "state_dict"}
+    assert {k: (v["shape"], v["dtype"]) for k, v in model.items()} == {
+        k: (list(v.shape), str(v.dtype).removeprefix("torch."))
+        for k, v in state["state_dict"].items()
+    }
+    assert summary["tensor_bytes"] == sum(t["nbytes"] for t in summary["tensors"])
+    assert summary["meta"]["rng_states"] == "<1 rank(s)>"
+    assert summary["manifest"] is manifest_path(full_ckpt).is_file()
+
+
+def test_inspect_reads_no_tensor_data_of_a_full_checkpoint(full_ckpt, monkeypatch):
+    load = torch.load
+
+    def load_on_meta_only(*args, **kwargs):
+        assert kwargs.get("map_location") == "meta", "inspect loaded tensor data"
+        return load(*args, **kwargs)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("inspect read tensor data")
+
+    monkeypatch.setattr(torch, "load", load_on_meta_only)
+    monkeypatch.setattr("shardwise.checkpoint.reader._read_bytes", refuse)
+    assert inspect_checkpoint(full_ckpt)["tensor_count"] == 27
+
+
+def test_inspect_a_two_rank_sharded_checkpoint_shows_global_shapes(fsdp_ckpts, capsys):
+    work_dir, weights = fsdp_ckpts
+    code, out, _ = _run(capsys, "inspect", work_dir / "sharded.ckpt", "--json")
+    summary = json.loads(out)
+    assert code == 0 and summary["format"] == "sharded"
+    assert summary["world_size"] == 2 and summary["strategy"] == "FSDPStrategy"
+    assert summary["position"] == {"iter": 2}
+    assert {f["name"] for f in summary["files"]} == {
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "meta.pt",
+    }
+    model = {t["name"]: t["shape"] for t in summary["tensors"] if t["section"] == "state_dict"}
+    assert model == {k: list(v.shape) for k, v in weights.items()}
+    code, text, _ = _run(capsys, "inspect", work_dir / "sharded.ckpt")
+    assert "format      sharded (DCP directory, 4 files" in text
+    assert "FSDPStrategy, 2 rank(s)" in text and "net.0.weight" in text
+
+
+def test_inspect_a_local_checkpoint_lists_its_rank_files(fsdp_ckpts, capsys):
+    work_dir, _ = fsdp_ckpts
+    code, out, _ = _run(capsys, "inspect", work_dir / "local.ckpt")
+    assert code == 0
+    assert "format      local (directory of 2 rank files" in out
+    assert "rank0.pth" in out and "rank1.pth" in out
+    assert "shapes below are rank 0's shards" in out
+
+
+# ----------------------------------------------------------------------------- convert
+def test_convert_full_to_sharded_and_back_keeps_every_tensor_and_entry(full_ckpt, tmp_path, capsys):
+    sharded, back = tmp_path / "sharded", tmp_path / "back.pth"
+    assert _run(capsys, "convert", full_ckpt, sharded, "--to", "sharded")[0] == 0
+    code, out, _ = _run(capsys, "convert", sharded, back, "--to", "full")
+    assert code == 0 and f"wrote {back}" in out
+    original = torch.load(full_ckpt, weights_only=True)
+    converted = torch.load(back, weights_only=True)  # a plain torch.load still works
+    for key in ("state_dict", "optimizer", "param_schedulers"):
+        assert _tensors_equal(original[key], converted[key]), key
+    meta = converted["meta"]
+    assert meta["format"] == "full" and meta["converted_from"]["format"] == "sharded"
+    assert meta["epoch"] == 1 and meta["iter"] == 2 and meta["seed"] == original["meta"]["seed"]
+
+
+def test_a_converted_checkpoint_loads_and_resumes_in_single_device_strategy(full_ckpt, tmp_path):
+    saved = torch.load(full_ckpt, weights_only=True)["state_dict"]
+    for to in ("full", "sharded"):
+        dst = convert_checkpoint(full_ckpt, tmp_path / f"converted_{to}", to=to)
+        strategy, model, _, _ = _prepared(tmp_path / f"load_{to}")
+        strategy.load_checkpoint(dst)
+        assert _tensors_equal(final_weights(strategy), saved)
+        strategy, _, wrapper, schedulers = _prepared(tmp_path / f"resume_{to}")
+        meta = strategy.resume(dst)["meta"]
+        assert meta["iter"] == 2 and schedulers[0].last_step == 2
+        assert wrapper.optimizer.state_dict()["state"][0]["step"] == 2
+
+
+def test_convert_a_two_rank_sharded_checkpoint_to_full(fsdp_ckpts, tmp_path):
+    work_dir, weights = fsdp_ckpts
+    dst = convert_checkpoint(work_dir / "sharded.ckpt", tmp_path / "full.pth", to="full")
+    converted = torch.load(dst, weights_only=True)
+    assert _tensors_equal(converted["state_dict"], weights)
+    assert converted["meta"]["world_size"] == 2 and len(converted["meta"]["rng_states"]) == 2
+
+
+@pytest.mark.parametrize("source", ["full", "sharded"])
+def test_safetensors_export_loads_with_safetensors_and_equals_the_weights(
+    source, full_ckpt, fsdp_ckpts, tmp_path, capsys
+):
+    if source == "full":
+        src, weights = full_ckpt, torch.load(full_ckpt, weights_only=True)["state_dict"]
+    else:
+        src, weights = fsdp_ckpts[0] / "sharded.ckpt", fsdp_ckpts[1]
+    dst = tmp_path / "model.safetensors"
+    code, _, err = _run(capsys, "convert", src, dst, "--to", "safetensors")
+    assert code == 0 and "holds the model weights only" in err
+    assert _tensors_equal(_load_safetensors(dst), dict(weights))
+    with open(dst, "rb") as f:  # the header is padded so that the data is 8-byte aligned
+        assert int.from_bytes(f.read(8), "little") % 8 == 0
+    with pytest.importorskip("safetensors").safe_open(dst, framework="pt") as f:
+        metadata = f.metadata()
+    assert metadata["format"] == "pt" and metadata["source_format"] == source
+    summary = inspect_checkpoint(dst)
+    assert summary["format"] == "safetensors" and summary["tensor_count"] == len(weights)
+
+
+def test_dtype_bf16_casts_floating_model_tensors_only(full_ckpt, tmp_path, capsys):
+    assert _run(capsys, "convert", full_ckpt, tmp_path / "bf16.pth", "--to", "full",
+                "--dtype", "bf16")[0] == 0  # fmt: skip
+    original = torch.load(full_ckpt, weights_only=True)
+    converted = torch.load(tmp_path / "bf16.pth", weights_only=True)
+    for key, value in converted["state_dict"].items():
+        expected = original["state_dict"][key]
+        if expected.is_floating_point():
+            assert value.dtype == torch.bfloat16 and torch.equal(value, expected.bfloat16())
+        else:
+            assert value.dtype == expected.dtype and torch.equal(value, expected)
+    assert converted["state_dict"]["net.1.num_batches_tracked"].dtype == torch.int64
+    assert _tensors_equal(converted["optimizer"], original["optimizer"])  # keeps its precision
+    assert converted["meta"]["converted_from"]["dtype"] == "bfloat16"
+    st_file = tmp_path / "bf16.safetensors"
+    convert_checkpoint(full_ckpt, st_file, to="safetensors", dtype="fp16")
+    loaded = _load_safetensors(st_file)
+    assert loaded["net.0.weight"].dtype == torch.float16
+    assert loaded["net.1.num_batches_tracked"].dtype == torch.int64
+
+
+def test_model_only_drops_the_optimizer_schedulers_and_extras(full_ckpt, tmp_path, capsys):
+    for to in ("full", "sharded"):
+        dst = tmp_path / f"model_only_{to}"
+        assert _run(capsys, "convert", full_ckpt, dst, "--to", to, "--model-only")[0] == 0
+        summary = inspect_checkpoint(dst)
+        assert summary["sections"].keys() == {"state_dict"} and summary["other_keys"] == []
+        assert summary["meta"]["converted_from"]["model_only"] is True
+    converted = torch.load(tmp_path / "model_only_full", weights_only=True)
+    assert set(converted) == {"state_dict", "meta"}
+
+
+def test_convert_writes_a_manifest_that_verify_checks(full_ckpt, tmp_path, capsys):
+    for to, dst in [("full", "a.pth"), ("sharded", "b"), ("safetensors", "c.safetensors")]:
+        convert_checkpoint(full_ckpt, tmp_path / dst, to=to)
+        assert manifest_path(tmp_path / dst).is_file()
+        code, out, _ = _run(capsys, "verify", tmp_path / dst)
+        assert code == 0 and f"checked against {manifest_path(tmp_path / dst).name}" in out
+    assert (tmp_path / "b" / "manifest.json").is_file()
+    assert (tmp_path / "a.pth.manifest.json").is_file()
+
+
+def test_a_failed_conversion_leaves_nothing_under_the_destination(full_ckpt, tmp_path, monkeypatch):
+    def write_half_then_fail(state, path):
+        Path(path).write_bytes(b"half a checkpoint")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr("shardwise.checkpoint.convert.save_full_checkpoint", write_half_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        convert_checkpoint(full_ckpt, tmp_path / "out.pth", to="full")
+    assert os.listdir(tmp_path) == [full_ckpt.parent.name]  # no out.pth, no staging leftovers
+
+
+def test_overwrite_replaces_the_destination_and_its_manifest(full_ckpt, tmp_path):
+    dst = convert_checkpoint(full_ckpt, tmp_path / "out.pth", to="full")
+    convert_checkpoint(full_ckpt, dst, to="full", dtype="bf16", overwrite=True)
+    assert torch.load(dst, weights_only=True)["state_dict"]["net.0.weight"].dtype == torch.bfloat16
+    assert verify_checkpoint(dst).ok
+    assert sorted(os.listdir(tmp_path)) == ["out.pth", "out.pth.manifest.json", "run"]
+
+
+_MEMORY_PROBE = textwrap.dedent(
+    """
+    import sys
+    from shardwise.checkpoint.convert import convert_checkpoint
+
+    def status(key):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+    src, dst = sys.argv[1], sys.argv[2]
+    try:  # reset the peak to the current RSS (Linux >= 4.0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    before = status("VmRSS:")
+    convert_checkpoint(src, dst, to="safetensors")
+    print(status("VmHWM:") - before)
+    """
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status")
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("source", ["full", "sharded"])
+def test_safetensors_export_peak_memory_stays_near_the_largest_tensor(source, tmp_path):
+    tensor_bytes, count = 8 << 20, 20  # 20 tensors of 8 MiB: a 160 MiB model
+    weights = {f"layer{i}.weight": torch.full((2048, 1024), float(i)) for i in range(count)}
+    state = {"state_dict": weights, "meta": {"world_size": 1}}
+    src = tmp_path / "src"
+    if source == "full":
+        torch.save(state, src)
+    else:
+        src.mkdir()
+        save_sharded_checkpoint(state, src)
+    del weights, state
+    dst = tmp_path / "model.safetensors"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEMORY_PROBE, str(src), str(dst)],
+        capture_output=True, text=True, timeout=120, env=env, check=True,
+    )  # fmt: skip
+    growth = int(proc.stdout.split()[-1])
+    assert growth < 4 * tensor_bytes <= count * tensor_bytes / 5, f"peak grew {growth >> 20} MiB"
+    assert dst.stat().st_size > count * tensor_bytes
+
+
+# ----------------------------------------------------------------------------- verify
+def test_verify_passes_on_a_good_checkpoint_with_or_without_a_manifest(full_ckpt, capsys):
+    manifest_path(full_ckpt).unlink(missing_ok=True)
+    code, out, _ = _run(capsys, "verify", full_ckpt)
+    assert code == 0 and "OK" in out and "structure only" in out
+    assert "no manifest" in out and "only structural checks ran" in out
+    write_manifest(full_ckpt)
+    code, out, _ = _run(capsys, "verify", full_ckpt)
+    assert code == 0 and "checked against epoch_1.pth.manifest.json" in out
+
+
+def test_verify_write_manifest_records_checksums_for_later_verifies(full_ckpt, capsys):
+    manifest_path(full_ckpt).unlink(missing_ok=True)
+    code, out, _ = _run(capsys, "verify", full_ckpt, "--write-manifest")
+    assert code == 0 and f"recorded {manifest_path(full_ckpt)}" in out
+    assert verify_manifest(full_ckpt) == []
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _tensor_data_offset(path: Path) -> int:
+    meta = torch.load(path, map_location="meta", weights_only=True)
+    return meta["state_dict"]["net.0.weight"].untyped_storage()._checkpoint_offset + 1
+
+
+@pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "crc-only"])
+def test_verify_fails_naming_a_full_file_with_one_flipped_byte(manifest, full_ckpt, capsys):
+    if manifest:
+        write_manifest(full_ckpt)
+    else:
+        manifest_path(full_ckpt).unlink(missing_ok=True)
+    _flip_byte(full_ckpt, _tensor_data_offset(full_ckpt))
+    code, _, err = _run(capsys, "verify", full_ckpt)
+    assert code == 1 and f"FAILED {full_ckpt}:" in err
+    assert ("SHA-256" if manifest else "record 'data/") in err
+
+
+@pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "crc-only"])
+def test_verify_fails_naming_a_sharded_data_file_with_one_flipped_byte(
+    manifest, sharded_copy, capsys
+):
+    if manifest:
+        write_manifest(sharded_copy)
+    else:
+        manifest_path(sharded_copy).unlink(missing_ok=True)
+    shard = sharded_copy / "__1_0.distcp"
+    _flip_byte(shard, shard.stat().st_size // 2)
+    code, _, err = _run(capsys, "verify", sharded_copy)
+    assert code == 1 and f"FAILED {shard}:" in err
+    assert "__0_0.distcp" not in err
+
+
+@pytest.mark.parametrize("deleted", ["__0_0.distcp", "meta.pt", ".metadata"])
+def test_verify_fails_naming_a_deleted_sharded_file(deleted, sharded_copy, capsys):
+    assert _run(capsys, "verify", sharded_copy)[0] == 0
+    (sharded_copy / deleted).unlink()
+    code, _, err = _run(capsys, "verify", sharded_copy)
+    assert code == 1 and f"FAILED {sharded_copy / deleted}: missing" in err
+
+
+def test_verify_fails_naming_a_file_the_manifest_lists_but_is_gone(sharded_copy, capsys):
+    write_manifest(sharded_copy)
+    (sharded_copy / "meta.pt").unlink()
+    code, _, err = _run(capsys, "verify", sharded_copy)
+    assert code == 1
+    assert f"FAILED {sharded_copy / 'meta.pt'}: missing (the manifest lists it)" in err
+
+
+def test_verify_fails_when_a_local_checkpoint_misses_a_rank_file(fsdp_ckpts, tmp_path, capsys):
+    local = Path(shutil.copytree(fsdp_ckpts[0] / "local.ckpt", tmp_path / "local.ckpt"))
+    assert _run(capsys, "verify", local)[0] == 0
+    (local / "rank1.pth").unlink()
+    code, _, err = _run(capsys, "verify", local)
+    assert code == 1 and f"FAILED {local / 'rank1.pth'}: missing: meta records world_size 2" in err
+
+
+def test_verify_manifest_reports_a_changed_size(tmp_path, full_ckpt):
+    write_manifest(full_ckpt)
+    assert verify_manifest(full_ckpt) == []
+    with open(full_ckpt, "ab") as f:
+        f.write(b"\0")
+    (problem,) = verify_manifest(full_ckpt)
+    assert problem.file == "epoch_1.pth" and "the manifest recorded" in problem.reason
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("command", ["inspect", "verify", "convert"])
+def test_a_path_that_does_not_exist_is_named_with_exit_status_2(command, tmp_path, capsys):
+    missing = tmp_path / "nope.pth"
+    extra = [tmp_path / "out", "--to", "full"] if command == "convert" else []
+    code, _, err = _run(capsys, command, missing, *extra)
+    assert code == 2 and f"{str(missing)!r} does not exist" in err
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "choices"),
+    [("--to", "onnx", ("full", "sharded", "safetensors")), ("--dtype", "int8", ("bf16", "fp32"))],
+)
+def test_an_unknown_option_value_is_named_with_the_choices(
+    option, value, choices, full_ckpt, tmp_path, capsys
+):
+    argv = ["convert", full_ckpt, tmp_path / "out", "--to", "full", option, value]
+    with pytest.raises(SystemExit) as exit_info:
+        _run(capsys, *argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"invalid choice: '{value}'" in err
+    assert all(choice in err for choice in choices)
+
+
+def test_the_api_names_an_unknown_format_or_dtype(full_ckpt, tmp_path):
+    with pytest.raises(ValueError, match=r"to='onnx' .* use one of full, sharded, safetensors"):
+        convert_checkpoint(full_ckpt, tmp_path / "out", to="onnx")
+    with pytest.raises(ValueError, match=r"dtype='int8' .* use one of bf16, fp16, fp32"):
+        convert_checkpoint(full_ckpt, tmp_path / "out", to="full", dtype="int8")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_existing_destination_is_refused_unless_overwrite(full_ckpt, tmp_path, capsys):
+    dst = tmp_path / "taken.pth"
+    dst.write_bytes(b"keep me")
+    code, _, err = _run(capsys, "convert", full_ckpt, dst, "--to", "full")
+    assert code == 2 and f"{str(dst)!r} already exists" in err and "--overwrite" in err
+    assert dst.read_bytes() == b"keep me"
+    assert _run(capsys, "convert", full_ckpt, dst, "--to", "full", "--overwrite")[0] == 0
+    assert verify_checkpoint(dst).ok
+
+
+def test_converting_onto_or_into_the_source_is_refused(full_ckpt, fsdp_ckpts, tmp_path):
+    with pytest.raises(ValueError, match="is the source checkpoint"):
+        convert_checkpoint(full_ckpt, full_ckpt, to="full", overwrite=True)
+    sharded = fsdp_ckpts[0] / "sharded.ckpt"
+    with pytest.raises(ValueError, match="inside the source checkpoint"):
+        convert_checkpoint(sharded, sharded / "full.pth", to="full")
+
+
+def test_a_truncated_checkpoint_is_named_with_exit_status_1(full_ckpt, tmp_path, capsys):
+    cut = tmp_path / "cut.pth"
+    cut.write_bytes(full_ckpt.read_bytes()[:1000])
+    for argv in (["inspect", cut], ["convert", cut, tmp_path / "out", "--to", "full"]):
+        code, _, err = _run(capsys, *argv)
+        assert code == 1 and str(cut) in err and "truncated" in err
+    code, _, err = _run(capsys, "verify", cut)
+    assert code == 1 and f"FAILED {cut}: not a readable torch.save archive" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_local_checkpoint_is_not_converted_and_the_way_out_is_given(fsdp_ckpts, tmp_path):
+    with pytest.raises(CheckpointError, match="state_dict_cfg='sharded' or 'full'"):
+        convert_checkpoint(fsdp_ckpts[0] / "local.ckpt", tmp_path / "out", to="full")
+
+
+def test_a_directory_that_is_no_checkpoint_is_named(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("hello")
+    code, _, err = _run(capsys, "inspect", tmp_path)
+    assert code == 1 and "is a directory but not a checkpoint" in err
