@@ -455,3 +455,26 @@ def test_ddp_uses_a_custom_registered_wrapper_and_keeps_a_wrapped_model(tmp_path
 def test_an_unknown_model_wrapper_type_is_refused_at_construction(tmp_path):
     with pytest.raises(KeyError, match="'MyDDP' is not in the model_wrapper registry"):
         DDPStrategy(work_dir=str(tmp_path), model_wrapper=dict(type="MyDDP"))
+
+
+def _train_after_an_early_save(work_dir, save_first, resume_from=None):
+    strategy = SingleDeviceStrategy(work_dir=work_dir, env_kwargs=dict(randomness=dict(seed=1)))
+    model, wrapper = strategy.prepare(ToyNet(), optim_wrapper=OPTIM)
+    if save_first:
+        strategy.save_checkpoint("before_training.pth")
+    if resume_from:
+        strategy.resume(resume_from)
+    train_steps(model, wrapper, [], range(3))
+    return final_weights(strategy)
+
+
+def test_saving_before_the_first_step_leaves_training_unchanged(tmp_path):
+    untouched = _train_after_an_early_save(str(tmp_path / "a"), False)
+    saved = _train_after_an_early_save(str(tmp_path / "b"), True)
+    resumed = _train_after_an_early_save(
+        str(tmp_path / "c"), False, str(tmp_path / "b" / "before_training.pth")
+    )
+    for key, value in untouched.items():
+        assert torch.equal(saved[key], value) and torch.equal(resumed[key], value), key
+    checkpoint = torch.load(tmp_path / "b" / "before_training.pth", weights_only=True)
+    assert checkpoint["optimizer"]["state"] == {}

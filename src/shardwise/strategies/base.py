@@ -502,9 +502,15 @@ class BaseStrategy:
         return states[""] if "" in states else states
 
     def _one_optim_state_dict(self, wrapper: OptimWrapper) -> dict[str, Any]:
+        # torch's helper creates missing state with a zero-gradient step (Adam's step count
+        # becomes 1); an optimizer that has not stepped yet must stay as it was.
+        fresh = not wrapper.optimizer.state
         state = get_optimizer_state_dict(
             self.model, wrapper.optimizer, options=self._state_dict_options()
         )
+        if fresh:
+            wrapper.optimizer.state.clear()
+            state = {**state, "state": {}}
         extras = {
             k: v for k, v in wrapper.state_dict().items() if k not in ("state", "param_groups")
         }
@@ -580,6 +586,8 @@ class BaseStrategy:
     def _load_one_optim_state_dict(self, wrapper: OptimWrapper, state: Mapping[str, Any]) -> None:
         optim_state = {"state": state["state"], "param_groups": state["param_groups"]}
         self._set_optim_state_dict(wrapper.optimizer, optim_state)
+        if not optim_state["state"]:  # saved before the first step: no state to create
+            wrapper.optimizer.state.clear()
         extras = {k: v for k, v in state.items() if k not in ("state", "param_groups")}
         if extras:
             wrapper.load_state_dict({**wrapper.optimizer.state_dict(), **extras})
