@@ -1,0 +1,57 @@
+"""Sharded (DCP) checkpoints are read without executing anything stored in them."""
+
+import os
+import pickle
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from shardwise.checkpoint import CheckpointError
+from shardwise.checkpoint.safe_dcp import SafeFileSystemReader
+
+# DCP re-raises a reader's error inside its own CheckpointException, message included.
+REFUSED = (CheckpointError, CheckpointException)
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def _save(path, state):
+    dcp.save(state, checkpoint_id=str(path), no_dist=True)
+
+
+def test_a_dcp_checkpoint_loads_through_the_safe_reader(tmp_path):
+    state = {"w": torch.randn(3, 4), "nested": {"b": torch.arange(5, dtype=torch.bfloat16)}}
+    _save(tmp_path / "ckpt", state)
+    loaded = {"w": torch.zeros(3, 4), "nested": {"b": torch.zeros(5, dtype=torch.bfloat16)}}
+    dcp.load(loaded, storage_reader=SafeFileSystemReader(tmp_path / "ckpt"), no_dist=True)
+    assert torch.equal(loaded["w"], state["w"]) and torch.equal(
+        loaded["nested"]["b"], state["nested"]["b"]
+    )
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_a_metadata_file_that_would_run_code_is_refused(tmp_path):
+    _save(tmp_path / "ckpt", {"w": torch.zeros(2)})
+    (tmp_path / "ckpt" / ".metadata").write_bytes(pickle.dumps(_Exploit()))
+    with pytest.raises(REFUSED, match="posix.system is not one of the classes"):
+        dcp.load(
+            {"w": torch.zeros(2)},
+            storage_reader=SafeFileSystemReader(tmp_path / "ckpt"),
+            no_dist=True,
+        )
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_pickled_objects_indexed_by_dcp_are_refused(tmp_path):
+    _save(tmp_path / "ckpt", {"w": torch.zeros(2), "extra": {"note": "a python object"}})
+    with pytest.raises(REFUSED, match=r"indexes pickled objects under \['extra.note'\]"):
+        dcp.load(
+            {"w": torch.zeros(2)},
+            storage_reader=SafeFileSystemReader(tmp_path / "ckpt"),
+            no_dist=True,
+        )
