@@ -40,6 +40,7 @@ from .commit import CheckpointError
 from .formats import detect_format
 from .full import load_full_checkpoint
 from .local import local_ranks, rank_file
+from .safe_dcp import SafeFileSystemReader
 from .sharded import _REF, DCP_METADATA, META_FILE, _is_ref
 
 __all__ = [
@@ -392,14 +393,14 @@ class ShardedReader(CheckpointReader):
         if targets:
             with warnings.catch_warnings():  # one process without a process group: intended
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.load(targets, storage_reader=dcp.FileSystemReader(self.path), no_dist=True)
+                dcp.load(targets, storage_reader=SafeFileSystemReader(self.path), no_dist=True)
         return {key: targets[self._dcp_keys[key]] for key in infos}
 
 
 def read_dcp_metadata(path: Path) -> Any:
     """DCP's index of a sharded checkpoint directory (``.metadata``; read with pickle)."""
     try:
-        return dcp.FileSystemReader(path).read_metadata()
+        return SafeFileSystemReader(path).read_metadata()
     except Exception as exc:  # noqa: BLE001 - a damaged .metadata fails in many ways
         raise CheckpointError(
             f"{path / DCP_METADATA} cannot be read ({type(exc).__name__}: "
