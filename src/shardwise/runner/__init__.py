@@ -1,3 +1,52 @@
-"""The Runner: training and validation loops, hooks, and the ``shardwise train`` command."""
+"""The Runner: training and validation loops, hooks, and the ``shardwise train`` command.
 
-__all__: list[str] = []
+Importing this package registers the hooks (``HOOKS``), loops (``LOOPS``) and metrics
+(``METRICS``) under mmengine's names.
+"""
+
+from .data import ResumableSampler, build_dataloader, pseudo_collate, seed_worker, start_epoch
+from .evaluator import Accuracy, BaseMetric, Evaluator, MeanLoss, build_evaluator
+from .hooks import (
+    CheckpointHook,
+    DistSamplerSeedHook,
+    Hook,
+    IterTimerHook,
+    LoggerHook,
+    ParamSchedulerHook,
+    RuntimeInfoHook,
+)
+from .loops import BaseLoop, EpochBasedTrainLoop, IterBasedTrainLoop, ValLoop
+from .message_hub import HistoryBuffer, MessageHub
+from .priority import Priority, get_priority
+from .runner import DEFAULT_HOOKS, Runner, parse_losses
+
+__all__ = [
+    "Runner",
+    "DEFAULT_HOOKS",
+    "parse_losses",
+    "BaseLoop",
+    "EpochBasedTrainLoop",
+    "IterBasedTrainLoop",
+    "ValLoop",
+    "Hook",
+    "RuntimeInfoHook",
+    "IterTimerHook",
+    "LoggerHook",
+    "ParamSchedulerHook",
+    "DistSamplerSeedHook",
+    "CheckpointHook",
+    "Priority",
+    "get_priority",
+    "MessageHub",
+    "HistoryBuffer",
+    "BaseMetric",
+    "Evaluator",
+    "Accuracy",
+    "MeanLoss",
+    "build_evaluator",
+    "ResumableSampler",
+    "build_dataloader",
+    "start_epoch",
+    "seed_worker",
+    "pseudo_collate",
+]

@@ -1,0 +1,204 @@
+"""A character-level GPT, nanoGPT-style, trained on the source of Python's standard library.
+
+Everything it needs ships with Python: the text is the ``.py`` files beside the ``os``
+module, read in sorted order, so every machine sees the same data. Train it with::
+
+    shardwise train examples/gpt_fsdp.py --nproc-per-node 2 --work-dir work_dirs/gpt
+
+Three pieces, top to bottom: the dataset (characters → ids), the model (a decoder-only
+transformer whose ``forward`` returns ``dict(loss=...)``, so the runner's default train step
+needs nothing more), and a hook that prints a sample of generated text when training ends.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from shardwise.registry import DATASETS, HOOKS, MODELS
+from shardwise.runner import Hook
+
+# The vocabulary: newline and the 95 printable ASCII characters; anything else becomes '?'.
+CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
+VOCAB_SIZE = len(CHARS)
+
+
+def encode(text: str) -> torch.Tensor:
+    table = np.full(256, CHARS.index("?"), dtype=np.uint8)
+    for i, c in enumerate(CHARS):
+        table[ord(c)] = i
+    raw = np.frombuffer(text.encode("ascii", errors="replace"), dtype=np.uint8)
+    return torch.from_numpy(table[raw].copy())
+
+
+def decode(ids) -> str:
+    return "".join(CHARS[int(i)] for i in ids)
+
+
+def stdlib_text(max_chars: int) -> str:
+    """The standard library's ``.py`` files, in sorted order, up to ``max_chars`` characters."""
+    parts, total = [], 0
+    for path in sorted(Path(os.__file__).parent.glob("*.py")):
+        source = path.read_text(encoding="utf-8", errors="replace")
+        parts.append(f"# {path.name}\n{source}\n")
+        total += len(parts[-1])
+        if total >= max_chars:
+            break
+    return "".join(parts)[:max_chars]
+
+
+@DATASETS.register_module()
+class StdlibChars(Dataset):
+    """Blocks of ``block_size`` characters; item ``i`` is ``(x, y)`` with ``y`` = ``x`` shifted
+    by one. The last ``val_fraction`` of the text is the ``'val'`` split."""
+
+    def __init__(
+        self,
+        block_size: int = 64,
+        max_chars: int = 2_000_000,
+        split: str = "train",
+        val_fraction: float = 0.05,
+    ) -> None:
+        if split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        data = encode(stdlib_text(max_chars))
+        cut = int(len(data) * (1 - val_fraction))
+        self.data = data[:cut] if split == "train" else data[cut:]
+        self.block_size = block_size
+
+    def __len__(self) -> int:
+        return (len(self.data) - 1) // self.block_size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        chunk = self.data[i * self.block_size : (i + 1) * self.block_size + 1].long()
+        return chunk[:-1], chunk[1:]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        self.n_head, self.dropout = n_head, dropout
+        self.qkv = nn.Linear(n_embd, 3 * n_embd)
+        self.proj = nn.Linear(n_embd, n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout)
+        self.mlp = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd)
+        )
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+@MODELS.register_module()
+class CharGPT(nn.Module):
+    """A decoder-only transformer over characters.
+
+    ``forward(idx, targets)`` returns ``dict(loss=cross_entropy)``; ``forward(idx)`` returns
+    the logits of every position.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = VOCAB_SIZE,
+        block_size: int = 64,
+        n_layer: int = 4,
+        n_head: int = 4,
+        n_embd: int = 128,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.block_size = block_size
+        self.tok_emb = nn.Embedding(vocab_size, n_embd)
+        self.pos_emb = nn.Embedding(block_size, n_embd)
+        self.blocks = nn.ModuleList(GPTBlock(n_embd, n_head, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = (
+                    0.02 / math.sqrt(2 * len(self.blocks)) if name.endswith("proj.weight") else 0.02
+                )
+                nn.init.normal_(p, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        if targets is None:
+            return logits
+        return dict(loss=F.cross_entropy(logits.flatten(0, 1), targets.flatten()))
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.8,
+        top_k: int = 20,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Extend ``idx`` (batch, time) by ``max_new_tokens`` sampled characters."""
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.block_size :])[:, -1, :] / temperature
+            kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
+            logits[logits < kth] = -float("inf")
+            probs = F.softmax(logits, dim=-1)
+            idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
+        return idx
+
+
+@HOOKS.register_module()
+class GenerateTextHook(Hook):
+    """Print a sample of generated text when training ends (every rank generates, because a
+    sharded model's forward is collective; rank 0 prints)."""
+
+    priority = "LOWEST"
+
+    def __init__(self, prompt: str = "def ", max_new_tokens: int = 250, seed: int = 0) -> None:
+        self.prompt, self.max_new_tokens, self.seed = prompt, max_new_tokens, seed
+
+    def after_train(self, runner) -> None:
+        model = runner.model
+        was_training = model.training
+        model.eval()
+        device = runner.strategy.device
+        generator = torch.Generator(device=device).manual_seed(self.seed)
+        idx = encode(self.prompt).long()[None].to(device)
+        module = getattr(model, "module", model)  # DDP keeps the model in .module
+        out = module.generate(idx, self.max_new_tokens, generator=generator)
+        model.train(was_training)
+        if runner.rank == 0:
+            bar = "-" * 72
+            print(
+                f"{bar}\nGenerated text (prompt {self.prompt!r}):\n{bar}\n{decode(out[0])}\n{bar}"
+            )

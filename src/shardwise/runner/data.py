@@ -1,0 +1,261 @@
+"""Data loading for the runner: dataloaders built from configs, seeded, and resumable mid-epoch.
+
+Every dataloader the runner builds uses a :class:`ResumableSampler` (a
+``DistributedSampler``, with one replica when not distributed): it shuffles with a seed and
+the epoch, gives each rank its share, and can start its next pass at any position, so a
+resumed run continues with exactly the next batch without loading the batches it skips.
+Worker processes are seeded from the seed, the epoch and the rank.
+
+Example::
+
+    loader = build_dataloader(
+        dict(dataset=dict(type='MyDataset'), batch_size=32, num_workers=2,
+             sampler=dict(type='DefaultSampler', shuffle=True)),
+        seed=0)
+    start_epoch(loader, epoch=3, skip_batches=10)   # the 11th batch of epoch 3 comes next
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data.dataloader import default_collate
+
+from shardwise import dist
+from shardwise.registry import DATASETS, FUNCTIONS
+
+__all__ = [
+    "ResumableSampler",
+    "build_dataloader",
+    "start_epoch",
+    "seed_worker",
+    "pseudo_collate",
+    "default_collate",
+]
+
+logger = logging.getLogger(__name__)
+
+# Sampler names from mmengine configs that mean "shuffle (or not) and split across ranks".
+_SAMPLER_NAMES = ("DefaultSampler", "InfiniteSampler", "DistributedSampler", "ResumableSampler")
+_LOADER_KEYS = (
+    "batch_size",
+    "num_workers",
+    "pin_memory",
+    "drop_last",
+    "persistent_workers",
+    "prefetch_factor",
+    "timeout",
+    "multiprocessing_context",
+    "in_order",
+)
+
+FUNCTIONS.register_module(name="default_collate", module=default_collate)
+
+
+@FUNCTIONS.register_module()
+def pseudo_collate(batch: Sequence[Any]) -> Any:
+    """mmengine's collate: transpose a list of samples without stacking tensors
+    (a list of dicts becomes a dict of lists; a list of tuples, a list of lists)."""
+    first = batch[0]
+    if isinstance(first, Mapping):
+        return {key: pseudo_collate([sample[key] for sample in batch]) for key in first}
+    if isinstance(first, tuple | list) and not isinstance(first, str):
+        return [pseudo_collate(list(items)) for items in zip(*batch)]
+    return list(batch)
+
+
+class ResumableSampler(DistributedSampler):
+    """A ``DistributedSampler`` whose next pass can start at a given position.
+
+    Args:
+        dataset: the dataset to sample.
+        shuffle: reshuffle every epoch with ``seed + epoch`` (the same order on every rank).
+        seed: the shuffling seed, identical on every rank.
+        num_replicas, rank: default to the process group's world size and rank.
+        generator: the dataloader's generator; :meth:`set_epoch` reseeds it from
+            (seed, epoch, rank), which makes the worker processes' seeds reproducible.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__(
+            dataset,
+            num_replicas=dist.get_world_size() if num_replicas is None else num_replicas,
+            rank=dist.get_rank() if rank is None else rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+        )
+        self.generator = generator
+        self._start = 0
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        if self.generator is not None:
+            self.generator.manual_seed(_mix(self.seed, epoch, self.rank))
+
+    def set_seed(self, seed: int) -> None:
+        self.seed = seed
+        self.set_epoch(self.epoch)
+
+    def skip(self, num_samples: int) -> None:
+        """Start the next pass after this rank's first ``num_samples`` indices."""
+        if num_samples < 0:
+            raise ValueError(f"cannot skip a negative number of samples ({num_samples})")
+        self._start = num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        start, self._start = self._start, 0
+        return iter(indices[start:])
+
+
+def _mix(seed: int, epoch: int, rank: int) -> int:
+    return (seed * 1_000_003 + epoch * 7_919 + rank) % (2**63 - 1)
+
+
+def seed_worker(worker_id: int) -> None:
+    """``worker_init_fn``: seed NumPy and ``random`` from the seed torch gave this worker
+    (itself derived from the dataloader's generator, hence from seed, epoch and rank)."""
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def build_dataloader(
+    dataloader: DataLoader | Mapping[str, Any], *, seed: int = 0, shuffle: bool = True
+) -> DataLoader:
+    """A ``DataLoader`` from an object (returned as it is) or a config.
+
+    Config keys: ``dataset`` (a ``Dataset`` or a ``DATASETS`` config, required),
+    ``batch_size`` (per rank, required), ``num_workers``, ``sampler`` (mmengine's
+    ``dict(type='DefaultSampler', shuffle=True, seed=None)``), ``shuffle`` (alternative to
+    the sampler's), ``collate_fn`` (a callable or ``dict(type='default_collate' |
+    'pseudo_collate')``; torch's ``default_collate`` by default), and the ``DataLoader``
+    keywords ``pin_memory``, ``drop_last``, ``persistent_workers``, ``prefetch_factor``.
+    ``shuffle`` is the default when neither the config nor its sampler says.
+    """
+    if isinstance(dataloader, DataLoader):
+        return dataloader
+    if not isinstance(dataloader, Mapping):
+        raise TypeError(
+            f"a dataloader must be a torch DataLoader or a config dict, got "
+            f"{type(dataloader).__name__}: {dataloader!r}"
+        )
+    cfg = dict(dataloader)
+    check_dataloader_cfg(cfg)
+    dataset = cfg.pop("dataset")
+    if isinstance(dataset, Mapping):
+        dataset = DATASETS.build(dataset)
+    sampler_cfg = dict(cfg.pop("sampler", None) or {})
+    shuffle = bool(sampler_cfg.pop("shuffle", cfg.pop("shuffle", shuffle)))
+    sampler_seed = sampler_cfg.pop("seed", None)
+    sampler_cfg.pop("type", None)
+    sampler_cfg.pop("round_up", None)  # the sampler always pads to equal shares
+    if sampler_cfg:
+        raise ValueError(f"unknown sampler keys {sorted(sampler_cfg)}; accepted: shuffle, seed")
+    collate_fn = cfg.pop("collate_fn", None) or default_collate
+    if isinstance(collate_fn, Mapping):
+        collate_cfg = dict(collate_fn)
+        func = FUNCTIONS.get(collate_cfg.pop("type"))
+        collate_fn = functools.partial(func, **collate_cfg) if collate_cfg else func
+    generator = torch.Generator()
+    sampler = ResumableSampler(
+        dataset,
+        shuffle=shuffle,
+        seed=seed if sampler_seed is None else int(sampler_seed),
+        generator=generator,
+    )
+    kwargs = {k: cfg.pop(k) for k in _LOADER_KEYS if k in cfg}
+    cfg.pop("worker_init_fn", None)
+    if cfg:
+        raise ValueError(
+            f"unknown dataloader keys {sorted(cfg)}; accepted: dataset, sampler, shuffle, "
+            f"collate_fn, {', '.join(_LOADER_KEYS)}"
+        )
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("persistent_workers", None)
+        kwargs.pop("prefetch_factor", None)
+    return DataLoader(
+        dataset,
+        sampler=sampler,
+        collate_fn=collate_fn,
+        worker_init_fn=seed_worker,
+        generator=generator,
+        **kwargs,
+    )
+
+
+def check_dataloader_cfg(cfg: Mapping[str, Any], name: str = "dataloader") -> None:
+    """Refuse a dataloader config without a dataset or a batch size, naming the fix."""
+    if "dataset" not in cfg or cfg["dataset"] is None:
+        raise ValueError(
+            f"{name} has no 'dataset' (keys: {sorted(cfg)}); add dataset=dict(type=...) naming a "
+            "class registered in shardwise.registry.DATASETS, or a Dataset object"
+        )
+    size = cfg.get("batch_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(
+            f"{name}.batch_size must be a positive int (the batch size per rank), got {size!r}; "
+            f"e.g. {name}=dict(batch_size=32, dataset=...)"
+        )
+    sampler = cfg.get("sampler")
+    if isinstance(sampler, Mapping) and sampler.get("type", "DefaultSampler") not in _SAMPLER_NAMES:
+        raise ValueError(
+            f"{name}.sampler type {sampler.get('type')!r} is not supported; use one of "
+            f"{list(_SAMPLER_NAMES)} (they shuffle with a seed and split the data across ranks)"
+        )
+
+
+def _sampler_of(loader: DataLoader) -> Any:
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    return getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
+
+
+def start_epoch(loader: DataLoader, epoch: int, skip_batches: int = 0) -> Iterator[Any]:
+    """An iterator over ``loader`` for data epoch ``epoch``, starting after ``skip_batches``.
+
+    With a :class:`ResumableSampler` the skipped batches are never loaded; with another
+    sampler they are loaded and dropped (a warning says so).
+    """
+    sampler = _sampler_of(loader)
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+    if skip_batches <= 0:
+        return iter(loader)
+    if isinstance(sampler, ResumableSampler) and loader.batch_size is not None:
+        sampler.skip(skip_batches * loader.batch_size)
+        return iter(loader)
+    logger.warning(
+        "The dataloader's sampler cannot start mid-epoch; loading and dropping %d batches to "
+        "reach the resumed position. Build the dataloader from a config to skip them for free.",
+        skip_batches,
+    )
+    iterator = iter(loader)
+    for _ in range(skip_batches):
+        next(iterator)
+    return iterator
+
+
+def set_sampler_seed(loader: DataLoader, seed: int) -> None:
+    """Give ``loader``'s :class:`ResumableSampler` a new seed (after a resume restored one)."""
+    sampler = _sampler_of(loader)
+    if isinstance(sampler, ResumableSampler):
+        sampler.set_seed(seed)

@@ -1,0 +1,260 @@
+"""Training and validation loops: epoch-based, iteration-based, and one validation pass.
+
+The loops call the runner's hooks at mmengine's points and with mmengine's arguments, keep
+the position (``epoch``, ``iter``) that checkpoints record, and continue a resumed run with
+exactly the next batch: the data epoch and the number of batches consumed in it follow
+from ``iter`` and the epoch length, and the sampler starts there without loading the
+batches before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from shardwise.registry import LOOPS
+
+from .data import start_epoch
+
+__all__ = ["BaseLoop", "EpochBasedTrainLoop", "IterBasedTrainLoop", "ValLoop"]
+
+
+class BaseLoop:
+    """A loop over ``dataloader`` driven by ``runner``; subclasses implement :meth:`run`."""
+
+    def __init__(self, runner, dataloader) -> None:
+        self.runner = runner
+        self.dataloader = dataloader
+
+    def run(self) -> Any:
+        raise NotImplementedError
+
+
+class _TrainLoop(BaseLoop):
+    by_epoch: bool
+
+    def __init__(self, runner, dataloader, val_begin: int, val_interval: int) -> None:
+        super().__init__(runner, dataloader)
+        self.epoch_length = len(dataloader)
+        if self.epoch_length == 0:
+            raise ValueError(
+                "the training dataloader yields no batch (an empty dataset, or fewer samples "
+                "than batch_size * world_size with drop_last=True)"
+            )
+        self.val_begin = val_begin
+        self.val_interval = val_interval
+        self.stop_training = False
+        self._epoch = 0
+        self._iter = 0
+        self._skip = 0  # batches of the current data epoch consumed before a resume
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def iter(self) -> int:
+        return self._iter
+
+    @property
+    def max_epochs(self) -> int:
+        return self._max_epochs
+
+    @property
+    def max_iters(self) -> int:
+        return self._max_iters
+
+    @property
+    def data_epoch(self) -> int:
+        """The epoch the sampler shuffles for (the epoch of the current batch)."""
+        return self._iter // self.epoch_length if not self.by_epoch else self._epoch
+
+    def restore(self, epoch: int, iteration: int, epoch_length: int | None = None) -> None:
+        """Continue from a checkpoint's position: ``epoch`` and ``iteration`` as its ``meta``
+        records them; ``epoch_length`` is the number of batches per epoch it was saved with."""
+        self._epoch, self._iter = int(epoch), int(iteration)
+        if epoch_length is not None and epoch_length != self.epoch_length:
+            self.runner.logger.warning(
+                "The checkpoint was saved with %d batches per epoch and this run has %d (another "
+                "world size or batch size?): the resumed epoch starts from its first batch.",
+                epoch_length,
+                self.epoch_length,
+            )
+            self._skip = 0
+            return
+        consumed = self._iter - self._epoch * self.epoch_length if self.by_epoch else None
+        if consumed is None:
+            consumed = self._iter % self.epoch_length
+        self._skip = consumed if 0 <= consumed <= self.epoch_length else 0
+
+    def run_iter(self, batch_idx: int, data_batch: Any) -> None:
+        runner = self.runner
+        runner.call_hook("before_train_iter", batch_idx=batch_idx, data_batch=data_batch)
+        outputs = runner.train_step(data_batch)
+        runner.call_hook(
+            "after_train_iter", batch_idx=batch_idx, data_batch=data_batch, outputs=outputs
+        )
+        self._iter += 1
+
+    def _validate_now(self, count: int, last: bool) -> bool:
+        return (
+            self.runner.val_loop is not None
+            and count >= self.val_begin
+            and (count % self.val_interval == 0 or last)
+        )
+
+
+@LOOPS.register_module()
+class EpochBasedTrainLoop(_TrainLoop):
+    """Train for ``max_epochs`` passes over the data; validate every ``val_interval`` epochs
+    from epoch ``val_begin`` on (and after the last one)."""
+
+    by_epoch = True
+
+    def __init__(
+        self,
+        runner,
+        dataloader,
+        max_epochs: int,
+        val_begin: int = 1,
+        val_interval: int = 1,
+    ) -> None:
+        super().__init__(runner, dataloader, val_begin, val_interval)
+        self._max_epochs = int(max_epochs)
+        self._max_iters = self._max_epochs * self.epoch_length
+
+    def run(self) -> Any:
+        runner = self.runner
+        runner.call_hook("before_train")
+        while self._epoch < self._max_epochs and not self.stop_training:
+            self.run_epoch()
+            if self._validate_now(self._epoch, self._epoch == self._max_epochs):
+                runner.val_loop.run()
+        runner.call_hook("after_train")
+        return runner.model
+
+    def run_epoch(self) -> None:
+        runner = self.runner
+        runner.call_hook("before_train_epoch")
+        runner.model.train()
+        skip, self._skip = self._skip, 0
+        batches = start_epoch(self.dataloader, self._epoch, skip_batches=skip)
+        for batch_idx, data_batch in enumerate(batches, start=skip):
+            self.run_iter(batch_idx, data_batch)
+            if self.stop_training:
+                break
+        runner.call_hook("after_train_epoch")
+        self._epoch += 1
+
+
+class _EndlessBatches:
+    """Batches of data epoch after data epoch, starting at a given position."""
+
+    def __init__(self, loader, epoch: int, skip: int) -> None:
+        self.loader = loader
+        self.epoch = epoch
+        self._batches: Iterator[Any] = start_epoch(loader, epoch, skip_batches=skip)
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._batches)
+        except StopIteration:
+            self.epoch += 1
+            self._batches = start_epoch(self.loader, self.epoch)
+            return next(self._batches)
+
+
+@LOOPS.register_module()
+class IterBasedTrainLoop(_TrainLoop):
+    """Train for ``max_iters`` iterations, going round the data as often as needed;
+    validate every ``val_interval`` iterations from ``val_begin`` on (and after the last)."""
+
+    by_epoch = False
+
+    def __init__(
+        self,
+        runner,
+        dataloader,
+        max_iters: int,
+        val_begin: int = 1,
+        val_interval: int = 1000,
+    ) -> None:
+        super().__init__(runner, dataloader, val_begin, val_interval)
+        self._max_iters = int(max_iters)
+        self._max_epochs = max(1, math.ceil(self._max_iters / self.epoch_length))
+
+    @property
+    def epoch(self) -> int:
+        """The data epoch of the current iteration (mmengine keeps 0 here)."""
+        return self._iter // self.epoch_length
+
+    def run(self) -> Any:
+        runner = self.runner
+        runner.call_hook("before_train")
+        runner.call_hook("before_train_epoch")
+        skip, self._skip = self._skip, 0
+        batches = _EndlessBatches(self.dataloader, self._iter // self.epoch_length, skip)
+        while self._iter < self._max_iters and not self.stop_training:
+            runner.model.train()
+            data_batch = next(batches)
+            self.run_iter(self._iter, data_batch)
+            if self._validate_now(self._iter, self._iter == self._max_iters):
+                runner.val_loop.run()
+        runner.call_hook("after_train_epoch")
+        runner.call_hook("after_train")
+        return runner.model
+
+
+@LOOPS.register_module()
+class ValLoop(BaseLoop):
+    """One pass over the validation data: the model's outputs go to the evaluator, whose
+    metrics dict :meth:`run` returns.
+
+    Args:
+        fp16: run under autocast (float16 on CUDA, bfloat16 on CPU).
+    """
+
+    def __init__(self, runner, dataloader, evaluator, fp16: bool = False) -> None:
+        super().__init__(runner, dataloader)
+        self.evaluator = evaluator
+        self.fp16 = fp16
+
+    def run(self) -> dict[str, Any]:
+        runner = self.runner
+        runner.call_hook("before_val")
+        runner.call_hook("before_val_epoch")
+        was_training = runner.model.training
+        runner.model.eval()
+        for batch_idx, data_batch in enumerate(start_epoch(self.dataloader, 0)):
+            self.run_iter(batch_idx, data_batch)
+        try:
+            size = len(self.dataloader.dataset)
+        except TypeError:  # an IterableDataset: keep every result
+            size = 0
+        metrics = self.evaluator.evaluate(size)
+        runner.call_hook("after_val_epoch", metrics=metrics)
+        runner.call_hook("after_val")
+        runner.model.train(was_training)
+        return metrics
+
+    @torch.no_grad()
+    def run_iter(self, batch_idx: int, data_batch: Any) -> None:
+        runner = self.runner
+        runner.call_hook("before_val_iter", batch_idx=batch_idx, data_batch=data_batch)
+        with self._autocast():
+            outputs = runner.val_step(data_batch)
+        self.evaluator.process(data_samples=outputs, data_batch=data_batch)
+        runner.call_hook(
+            "after_val_iter", batch_idx=batch_idx, data_batch=data_batch, outputs=outputs
+        )
+
+    def _autocast(self):
+        if not self.fp16:
+            return contextlib.nullcontext()
+        device = self.runner.strategy.device.type
+        dtype = torch.float16 if device == "cuda" else torch.bfloat16
+        return torch.autocast(device, dtype=dtype)

@@ -1,0 +1,874 @@
+"""The Runner: builds everything a config describes and drives training and validation.
+
+It is mmengine's ``FlexibleRunner``, trimmed: the strategy owns processes, devices,
+wrapping and checkpoints; the runner owns the data, the loops and the hooks.
+
+Example::
+
+    runner = Runner.from_cfg(Config.fromfile('examples/digits_ddp.py'))
+    runner.train()
+
+or with objects::
+
+    runner = Runner(
+        model=MyNet(),
+        work_dir='work_dirs/demo',
+        train_dataloader=dict(dataset=dict(type='MyDataset'), batch_size=32),
+        optim_wrapper=dict(optimizer=dict(type='AdamW', lr=1e-3)),
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+    )
+    runner.train()
+
+The model's own ``train_step(data, optim_wrapper)`` and ``val_step(data)`` run when it has
+them (mmengine's ``BaseModel``). Otherwise the default step calls the model with the batch
+(``model(*batch)`` for a tuple or list, ``model(**batch)`` for a dict) and, in training,
+back-propagates the sum of the returned entries whose key contains ``'loss'``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+import shardwise
+from shardwise import dist
+from shardwise.checkpoint import find_last_checkpoint
+from shardwise.config import Config
+from shardwise.optim import OptimWrapperDict
+from shardwise.registry import DATASETS, HOOKS, LOOPS, METRICS, MODELS, STRATEGIES
+from shardwise.strategies import BaseStrategy
+from shardwise.strategies.base import unwrap_model
+
+from .data import build_dataloader, check_dataloader_cfg, set_sampler_seed
+from .evaluator import build_evaluator
+from .hooks import Hook
+from .loops import EpochBasedTrainLoop, IterBasedTrainLoop, ValLoop
+from .message_hub import MessageHub
+from .priority import Priority, get_priority
+
+__all__ = ["Runner", "parse_losses", "DEFAULT_HOOKS"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HOOKS: dict[str, dict[str, Any]] = dict(
+    runtime_info=dict(type="RuntimeInfoHook"),
+    timer=dict(type="IterTimerHook"),
+    sampler_seed=dict(type="DistSamplerSeedHook"),
+    logger=dict(type="LoggerHook"),
+    param_scheduler=dict(type="ParamSchedulerHook"),
+    checkpoint=dict(type="CheckpointHook", interval=1),
+)
+
+
+class Runner:
+    """Trains and validates a model under a strategy; see the module docstring.
+
+    Args:
+        model: an ``nn.Module`` or a ``MODELS`` config (built by the strategy).
+        work_dir: checkpoints, ``last_checkpoint`` and the per-run log directory go here.
+        strategy: a strategy or its config; default ``DDPStrategy`` under a launcher, else
+            ``SingleDeviceStrategy``.
+        train_dataloader, val_dataloader: ``DataLoader`` objects or configs (see
+            :func:`~shardwise.runner.data.build_dataloader`).
+        optim_wrapper, param_scheduler: objects or configs, built by the strategy.
+        train_cfg: ``dict(by_epoch=True, max_epochs=N)`` or ``dict(by_epoch=False,
+            max_iters=N)`` (or a ``type`` from ``LOOPS``), plus ``val_begin``, ``val_interval``.
+        val_cfg: ``ValLoop`` options (``fp16``); val_evaluator: metrics (see
+            :class:`~shardwise.runner.evaluator.Evaluator`).
+        default_hooks: merged by name into :data:`DEFAULT_HOOKS`; ``None`` removes one.
+        custom_hooks: more hooks (objects or ``HOOKS`` configs).
+        load_from: load these weights before training (or resume from them with
+            ``resume=True``).
+        resume: ``True`` resumes from the latest committed checkpoint in ``work_dir`` (or from
+            ``load_from``); a path resumes from that checkpoint.
+        launcher, env_cfg, randomness, log_level, auto_scale_lr, experiment_name: passed to
+            the strategy (``env_kwargs``, ``log_kwargs``...).
+        compile: ``torch.compile`` the model (``True`` or a dict of options).
+        cfg: the whole config, recorded in checkpoints and dumped into ``work_dir``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | Mapping[str, Any],
+        *,
+        work_dir: str | os.PathLike[str] = "work_dirs",
+        experiment_name: str | None = None,
+        strategy: BaseStrategy | Mapping[str, Any] | None = None,
+        train_dataloader: Any = None,
+        optim_wrapper: Any = None,
+        param_scheduler: Any = None,
+        train_cfg: Mapping[str, Any] | None = None,
+        val_dataloader: Any = None,
+        val_cfg: Mapping[str, Any] | None = None,
+        val_evaluator: Any = None,
+        default_hooks: Mapping[str, Any] | None = None,
+        custom_hooks: Sequence[Any] | None = None,
+        load_from: str | os.PathLike[str] | None = None,
+        resume: bool | str | os.PathLike[str] = False,
+        launcher: str | None = None,
+        env_cfg: Mapping[str, Any] | None = None,
+        log_level: str | int = "INFO",
+        randomness: Mapping[str, Any] | None = None,
+        auto_scale_lr: Mapping[str, Any] | None = None,
+        compile: bool | Mapping[str, Any] = False,
+        cfg: Config | Mapping[str, Any] | None = None,
+    ) -> None:
+        if val_dataloader is not None and val_cfg is None:
+            val_cfg = {}
+        _check_components(
+            model=model,
+            train_dataloader=train_dataloader,
+            optim_wrapper=optim_wrapper,
+            train_cfg=train_cfg,
+            val_dataloader=val_dataloader,
+            val_evaluator=val_evaluator,
+            val_cfg=val_cfg,
+            load_from=load_from,
+            resume=resume,
+        )
+        self.cfg = cfg if isinstance(cfg, Config) else Config(dict(cfg or {}))
+        self._model_cfg = model
+        self._train_dataloader_cfg = train_dataloader
+        self._optim_wrapper_cfg = optim_wrapper
+        self._param_scheduler_cfg = param_scheduler
+        self._train_cfg = dict(train_cfg) if train_cfg is not None else None
+        self._val_dataloader_cfg = val_dataloader
+        self._val_cfg = dict(val_cfg) if val_cfg is not None else None
+        self._val_evaluator_cfg = val_evaluator
+        self._load_from = None if load_from is None else str(load_from)
+        self._resume = resume
+        self._compile = compile
+
+        self.strategy = self.build_strategy(
+            strategy,
+            work_dir=work_dir,
+            experiment_name=experiment_name,
+            launcher=launcher,
+            env_cfg=env_cfg,
+            randomness=randomness,
+            log_level=log_level,
+            auto_scale_lr=auto_scale_lr,
+        )
+        self.logger = self.strategy.logger
+        self.message_hub = MessageHub()
+        self.model: nn.Module | None = None
+        self.optim_wrapper: Any = None
+        self.param_schedulers: Any = None
+        self.train_dataloader: Any = None
+        self.val_dataloader: Any = None
+        self.train_loop: EpochBasedTrainLoop | IterBasedTrainLoop | None = None
+        self.val_loop: ValLoop | None = None
+        self._hooks: list[Hook] = []
+        self.register_hooks(default_hooks, custom_hooks)
+        self.logger.info(
+            "shardwise %s, torch %s: %s on %d rank(s) (launcher %s, device %s, seed %d); "
+            "work_dir %s",
+            shardwise.__version__,
+            torch.__version__,
+            type(self.strategy).__name__,
+            self.world_size,
+            self.strategy.launcher,
+            self.strategy.device,
+            self.seed,
+            self.work_dir,
+        )
+        self._dump_config()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_cfg(cls, cfg: Config | Mapping[str, Any]) -> Runner:
+        """Build a runner from a config (mmengine's keys; see the class docstring).
+
+        Bad input (no ``model``, a training loop without ``max_epochs``/``max_iters``, a
+        ``val_interval`` without ``val_dataloader``...) is refused before anything is built.
+        """
+        cfg = copy.deepcopy(cfg if isinstance(cfg, Config) else Config(dict(cfg)))
+        cls.check_cfg(cfg)
+        return cls(
+            model=cfg["model"],
+            work_dir=cfg.get("work_dir", "work_dirs"),
+            experiment_name=cfg.get("experiment_name"),
+            strategy=cfg.get("strategy"),
+            train_dataloader=cfg.get("train_dataloader"),
+            optim_wrapper=cfg.get("optim_wrapper"),
+            param_scheduler=cfg.get("param_scheduler"),
+            train_cfg=cfg.get("train_cfg"),
+            val_dataloader=cfg.get("val_dataloader"),
+            val_cfg=cfg.get("val_cfg"),
+            val_evaluator=cfg.get("val_evaluator"),
+            default_hooks=cfg.get("default_hooks"),
+            custom_hooks=cfg.get("custom_hooks"),
+            load_from=cfg.get("load_from"),
+            resume=cfg.get("resume", False),
+            launcher=cfg.get("launcher"),
+            env_cfg=cfg.get("env_cfg"),
+            log_level=cfg.get("log_level", "INFO"),
+            randomness=cfg.get("randomness"),
+            auto_scale_lr=cfg.get("auto_scale_lr"),
+            compile=cfg.get("compile", False),
+            cfg=cfg,
+        )
+
+    @staticmethod
+    def check_cfg(cfg: Config | Mapping[str, Any]) -> None:
+        """Refuse a config that cannot train, naming the value, what was expected and the fix.
+
+        Cheap and side-effect free: ``shardwise train`` runs it before launching processes.
+        """
+        if cfg.get("model") is None:
+            where = f" ({cfg.filename})" if getattr(cfg, "filename", None) else ""
+            raise ValueError(
+                f"the config{where} has no 'model'; add model=dict(type='YourModel', ...) "
+                "naming a class registered in shardwise.registry.MODELS (or a dotted import path)"
+            )
+        val_cfg = cfg.get("val_cfg")
+        if cfg.get("val_dataloader") is not None and val_cfg is None:
+            val_cfg = {}
+        _check_components(
+            model=cfg["model"],
+            train_dataloader=cfg.get("train_dataloader"),
+            optim_wrapper=cfg.get("optim_wrapper"),
+            train_cfg=cfg.get("train_cfg"),
+            val_dataloader=cfg.get("val_dataloader"),
+            val_evaluator=cfg.get("val_evaluator"),
+            val_cfg=val_cfg,
+            load_from=cfg.get("load_from"),
+            resume=cfg.get("resume", False),
+        )
+        _check_types(cfg)
+
+    def build_strategy(
+        self,
+        strategy: BaseStrategy | Mapping[str, Any] | None,
+        *,
+        work_dir: str | os.PathLike[str],
+        experiment_name: str | None,
+        launcher: str | None,
+        env_cfg: Mapping[str, Any] | None,
+        randomness: Mapping[str, Any] | None,
+        log_level: str | int,
+        auto_scale_lr: Mapping[str, Any] | None,
+    ) -> BaseStrategy:
+        """The strategy object, or one built from its config with the runner's settings as
+        defaults (``work_dir``, ``env_kwargs`` from ``env_cfg``/``launcher``/``randomness``,
+        ``log_kwargs``, ``auto_scale_lr``)."""
+        if isinstance(strategy, BaseStrategy):
+            return strategy
+        launcher_name = launcher or dist.infer_launcher()
+        if strategy is None:
+            name = "DDPStrategy" if launcher_name != "none" else "SingleDeviceStrategy"
+            strategy = dict(type=name)
+        if not isinstance(strategy, Mapping):
+            raise TypeError(
+                f"strategy must be a strategy object or a config dict such as "
+                f"dict(type='DDPStrategy'), got {type(strategy).__name__}: {strategy!r}"
+            )
+        cfg = dict(strategy)
+        env, note = _env_kwargs(env_cfg)
+        if randomness is not None:
+            env["randomness"] = dict(randomness)
+        if launcher is not None:
+            env["launcher"] = launcher
+        cfg["env_kwargs"] = {**env, **dict(cfg.get("env_kwargs") or {})}
+        cfg.setdefault("work_dir", str(work_dir))
+        if experiment_name is not None:
+            cfg.setdefault("experiment_name", experiment_name)
+        cfg.setdefault("log_kwargs", dict(log_level=log_level))
+        if auto_scale_lr is not None:
+            cfg.setdefault("auto_scale_lr", auto_scale_lr)
+        built = STRATEGIES.build(cfg)
+        if note:
+            built.logger.warning(note)
+        return built
+
+    def _dump_config(self) -> None:
+        if self.rank != 0 or not len(self.cfg):
+            return
+        name = Path(self.cfg.filename).name if self.cfg.filename else f"{self.timestamp}.py"
+        path = Path(self.work_dir) / name
+        try:
+            self.cfg.dump(path)
+        except (TypeError, ValueError):  # objects in the config: keep a readable copy
+            path.write_text(self.cfg.pretty_text, encoding="utf-8")
+
+    # ------------------------------------------------------------------ hooks
+    @property
+    def hooks(self) -> list[Hook]:
+        """The registered hooks, in the order they are called."""
+        return list(self._hooks)
+
+    def register_hook(
+        self, hook: Hook | Mapping[str, Any], priority: int | str | Priority | None = None
+    ) -> None:
+        """Insert a hook (object or ``HOOKS`` config) by priority; among equal priorities,
+        hooks run in the order they were registered."""
+        if isinstance(hook, Mapping):
+            cfg = dict(hook)
+            priority = cfg.pop("priority", None) if priority is None else priority
+            hook = HOOKS.build(cfg)
+        elif not isinstance(hook, Hook):
+            raise TypeError(
+                f"a hook must be a Hook or a config dict with 'type', got {type(hook).__name__}"
+            )
+        if priority is not None:
+            hook.priority = priority
+        value = get_priority(hook.priority)
+        index = len(self._hooks)
+        while index > 0 and get_priority(self._hooks[index - 1].priority) > value:
+            index -= 1
+        self._hooks.insert(index, hook)
+
+    def register_hooks(
+        self,
+        default_hooks: Mapping[str, Any] | None = None,
+        custom_hooks: Sequence[Any] | None = None,
+    ) -> None:
+        """Register :data:`DEFAULT_HOOKS` merged with ``default_hooks``, then ``custom_hooks``."""
+        hooks: dict[str, Any] = copy.deepcopy(DEFAULT_HOOKS)
+        for name, hook in (default_hooks or {}).items():
+            if hook is None:
+                hooks.pop(name, None)
+            elif isinstance(hook, Mapping) and "type" not in hook and name in hooks:
+                hooks[name] = {**hooks[name], **hook}  # options for a default hook
+            else:
+                hooks[name] = hook
+        for hook in hooks.values():
+            self.register_hook(hook)
+        for hook in custom_hooks or []:
+            self.register_hook(hook)
+
+    def _close_hooks(self) -> None:
+        """After a failure: let hooks release what they hold (files, progress bars)."""
+        for hook in self._hooks:
+            close = getattr(hook, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - the original error matters more
+                    logger.exception("closing %r failed", hook)
+
+    def call_hook(self, fn_name: str, **kwargs: Any) -> None:
+        """Call ``fn_name(self, **kwargs)`` on every hook that has it, in priority order."""
+        for hook in self._hooks:
+            method = getattr(hook, fn_name, None)
+            if method is not None:
+                method(self, **kwargs)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def work_dir(self) -> str:
+        return self.strategy.work_dir
+
+    @property
+    def log_dir(self) -> str:
+        return self.strategy.log_dir
+
+    @property
+    def timestamp(self) -> str:
+        return self.strategy.timestamp
+
+    @property
+    def experiment_name(self) -> str:
+        return self.strategy.experiment_name
+
+    @property
+    def rank(self) -> int:
+        return self.strategy.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def seed(self) -> int:
+        return self.strategy.seed
+
+    @property
+    def epoch(self) -> int:
+        return self.train_loop.epoch if self.train_loop is not None else 0
+
+    @property
+    def iter(self) -> int:
+        return self.train_loop.iter if self.train_loop is not None else 0
+
+    @property
+    def max_epochs(self) -> int:
+        return self.train_loop.max_epochs if self.train_loop is not None else 0
+
+    @property
+    def max_iters(self) -> int:
+        return self.train_loop.max_iters if self.train_loop is not None else 0
+
+    # ------------------------------------------------------------------ building the run
+    def _data_seed(self) -> int:
+        """One seed for every rank's sampler (rank 0's, also with ``diff_rank_seed``)."""
+        return int(dist.broadcast_object(self.seed))
+
+    def build_train_loop(self) -> EpochBasedTrainLoop | IterBasedTrainLoop:
+        """The training loop from ``train_cfg`` (``type``, or ``by_epoch`` to choose)."""
+        cfg = dict(self._train_cfg or {})
+        loop_type = cfg.pop("type", None)
+        by_epoch = cfg.pop("by_epoch", "max_epochs" in cfg)
+        cfg.pop("dynamic_intervals", None)
+        args = dict(runner=self, dataloader=self.train_dataloader)
+        if loop_type is not None:
+            return LOOPS.build({"type": loop_type, **cfg}, default_args=args)
+        cls = EpochBasedTrainLoop if by_epoch else IterBasedTrainLoop
+        return cls(**args, **cfg)
+
+    def build_val_loop(self) -> ValLoop:
+        """The validation loop from ``val_cfg`` and ``val_evaluator``."""
+        cfg = dict(self._val_cfg or {})
+        args = dict(
+            runner=self,
+            dataloader=self.val_dataloader,
+            evaluator=build_evaluator(self._val_evaluator_cfg),
+        )
+        if "type" in cfg:
+            return LOOPS.build(cfg, default_args=args)
+        return ValLoop(**args, **cfg)
+
+    def _build_val(self) -> None:
+        if self._val_dataloader_cfg is None or self.val_loop is not None:
+            return
+        self.val_dataloader = build_dataloader(
+            self._val_dataloader_cfg, seed=self._data_seed(), shuffle=False
+        )
+        self.val_loop = self.build_val_loop()
+
+    # ------------------------------------------------------------------ train / val
+    def train(self) -> nn.Module:
+        """Train as configured; returns the (wrapped) model."""
+        if self._train_cfg is None:
+            raise RuntimeError(
+                "Runner.train() needs train_dataloader, train_cfg and optim_wrapper; this runner "
+                "was built without them"
+            )
+        self.train_dataloader = build_dataloader(
+            self._train_dataloader_cfg, seed=self._data_seed(), shuffle=True
+        )
+        self.train_loop = self.build_train_loop()
+        self._build_val()
+        dispatch = dict(
+            max_iters=self.train_loop.max_iters,
+            max_epochs=self.train_loop.max_epochs,
+            epoch_length=self.train_loop.epoch_length,
+        )
+        if getattr(self.train_dataloader, "batch_size", None) is not None:
+            dispatch["train_micro_batch_size_per_gpu"] = self.train_dataloader.batch_size
+        prepared = self.strategy.prepare(
+            self._model_cfg,
+            optim_wrapper=self._optim_wrapper_cfg,
+            param_scheduler=self._param_scheduler_cfg,
+            compile=self._compile,
+            dispatch_kwargs=dispatch,
+        )
+        self.model, self.optim_wrapper = prepared[0], prepared[1]
+        self.param_schedulers = prepared[2] if len(prepared) > 2 else None
+        self.load_or_resume()
+        self._initialize_accumulation()
+        self.call_hook("before_run")
+        try:
+            self.train_loop.run()
+        except BaseException:
+            self._close_hooks()
+            raise
+        self.strategy.wait_for_checkpoint()
+        self.call_hook("after_run")
+        return self.model
+
+    def val(self) -> dict[str, Any]:
+        """One validation pass (after loading ``load_from``); returns the metrics."""
+        if self._val_dataloader_cfg is None:
+            raise RuntimeError(
+                "Runner.val() needs val_dataloader and val_evaluator; this runner was built "
+                "without them"
+            )
+        self._build_val()
+        prepared = self.strategy.prepare(self._model_cfg, compile=self._compile)
+        self.model = prepared[0] if isinstance(prepared, list) else prepared
+        if self.train_loop is None and self._load_from is not None:
+            self.load_checkpoint(self._load_from)
+        self.call_hook("before_run")
+        metrics = self.val_loop.run()
+        self.call_hook("after_run")
+        return metrics
+
+    def _initialize_accumulation(self) -> None:
+        wrappers = (
+            dict(self.optim_wrapper.items())
+            if isinstance(self.optim_wrapper, OptimWrapperDict)
+            else {"": self.optim_wrapper}
+        )
+        for wrapper in wrappers.values():
+            if getattr(wrapper, "accumulative_counts", 1) > 1:
+                wrapper.initialize_count_status(self.model, self.iter, self.max_iters)
+
+    # ------------------------------------------------------------------ steps
+    def train_step(self, data: Any) -> dict[str, float]:
+        """One optimisation step on ``data``; returns the logged values (``loss``...),
+        averaged over ranks."""
+        own = _own_method(self.model, "train_step")
+        if own is not None:
+            outputs = own(data, optim_wrapper=self.optim_wrapper)
+            log_vars = _check_log_vars(outputs)
+        else:
+            if isinstance(self.optim_wrapper, OptimWrapperDict):
+                raise TypeError(
+                    "the default train step updates one optimizer, but optim_wrapper holds "
+                    f"several ({sorted(self.optim_wrapper.keys())}); define "
+                    "train_step(data, optim_wrapper) on the model to update them"
+                )
+            data = _to_device(data, self.strategy.device)
+            with self.optim_wrapper.optim_context(self.model):
+                outputs = _call_model(self.model, data)
+            loss, log_vars = parse_losses(outputs)
+            self.optim_wrapper.update_params(loss)
+        log_vars.update(self.optim_wrapper.get_log_vars())
+        return _mean_over_ranks(log_vars)
+
+    def val_step(self, data: Any) -> Any:
+        """The model's outputs for one validation batch (its ``val_step`` when it has one)."""
+        own = _own_method(self.model, "val_step")
+        if own is not None:
+            return own(data)
+        return _call_model(self.model, _to_device(data, self.strategy.device))
+
+    # ------------------------------------------------------------------ checkpoints
+    def load_or_resume(self) -> dict[str, Any] | None:
+        """Resume or load weights as ``resume`` and ``load_from`` say (mmengine's rules)."""
+        resume_from = None
+        if isinstance(self._resume, str | os.PathLike):
+            resume_from = str(self._resume)
+        elif self._resume and self._load_from is not None:
+            resume_from = self._load_from
+        elif self._resume:
+            resume_from = find_last_checkpoint(self.work_dir)
+            if resume_from is None:
+                self.logger.info(
+                    "resume=True but %s has no committed checkpoint: starting from scratch",
+                    self.work_dir,
+                )
+        if resume_from is not None:
+            return self.resume(resume_from)
+        if self._load_from is not None:
+            return self.load_checkpoint(self._load_from)
+        return None
+
+    def resume(self, filename: str | os.PathLike[str]) -> dict[str, Any]:
+        """Restore model, optimizer, schedulers, RNG states, the loop position and the
+        message hub from a checkpoint."""
+        checkpoint = self.strategy.resume(filename, callback=self._after_load_callback())
+        meta = checkpoint.get("meta", {})
+        if self.train_loop is not None:
+            self.train_loop.restore(
+                meta.get("epoch", 0), meta.get("iter", 0), meta.get("epoch_length")
+            )
+            set_sampler_seed(self.train_dataloader, self._data_seed())
+        if "message_hub" in checkpoint:
+            self.message_hub.load_state_dict(checkpoint["message_hub"])
+        self.logger.info("Continuing at epoch %d, iteration %d", self.epoch, self.iter)
+        return checkpoint
+
+    def load_checkpoint(self, filename: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
+        """Load the model weights of a checkpoint (``strict``, ``revise_keys``,
+        ``map_location`` as the strategy's ``load_checkpoint``)."""
+        self.logger.info("Loading weights from %s", filename)
+        return self.strategy.load_checkpoint(
+            filename, callback=self._after_load_callback(), **kwargs
+        )
+
+    def _before_save_callback(self, checkpoint: dict[str, Any]) -> None:
+        self.call_hook("before_save_checkpoint", checkpoint=checkpoint)
+
+    def _after_load_callback(self) -> Callable[[dict[str, Any]], None]:
+        return lambda checkpoint: self.call_hook("after_load_checkpoint", checkpoint=checkpoint)
+
+    def save_checkpoint(
+        self,
+        filename: str | os.PathLike[str],
+        *,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        meta: Mapping[str, Any] | None = None,
+        by_epoch: bool = True,
+        async_save: bool | None = None,
+    ) -> Any:
+        """Save a checkpoint with the loop position and the message hub.
+
+        ``by_epoch=True`` is for a save at the end of an epoch (the epoch is complete),
+        ``False`` for one after an iteration, as mmengine's ``CheckpointHook`` calls it;
+        ``meta`` entries are added to (and may override) the recorded position.
+        ``async_save`` is handed to the strategy only when set. Returns what the strategy
+        returns: a future for a save written in the background, else None.
+        """
+        if by_epoch:
+            position = dict(epoch=self.epoch + 1, iter=self.iter)
+        else:
+            position = dict(epoch=self.epoch, iter=self.iter + 1)
+        full_meta = {**position, **dict(meta or {})}
+        if self.train_loop is not None:
+            full_meta["epoch_length"] = self.train_loop.epoch_length
+        full_meta.update(cfg=self.cfg.pretty_text, experiment_name=self.experiment_name)
+        kwargs = {} if async_save is None else dict(async_save=async_save)
+        return self.strategy.save_checkpoint(
+            filename,
+            save_optimizer=save_optimizer,
+            save_param_scheduler=save_param_scheduler,
+            extra_ckpt=dict(meta=full_meta, message_hub=self.message_hub.state_dict()),
+            callback=self._before_save_callback,
+            **kwargs,
+        )
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_components(
+    *,
+    model: Any,
+    train_dataloader: Any,
+    optim_wrapper: Any,
+    train_cfg: Any,
+    val_dataloader: Any,
+    val_evaluator: Any,
+    val_cfg: Any,
+    load_from: Any,
+    resume: Any,
+) -> None:
+    """The runner's bad-input checks (no side effects)."""
+    if model is None:
+        raise ValueError(
+            "model is None; pass an nn.Module or a config such as model=dict(type='YourModel')"
+        )
+    training = dict(
+        train_dataloader=train_dataloader, train_cfg=train_cfg, optim_wrapper=optim_wrapper
+    )
+    given = [k for k, v in training.items() if v is not None]
+    if given and len(given) < len(training):
+        missing = [k for k in training if k not in given]
+        raise ValueError(
+            f"training needs train_dataloader, train_cfg and optim_wrapper together; got "
+            f"{', '.join(given)} but not {', '.join(missing)}. Add "
+            + " and ".join(f"{k}=..." for k in missing)
+        )
+    if train_cfg is not None:
+        _check_train_cfg(train_cfg)
+    if isinstance(train_dataloader, Mapping):
+        check_dataloader_cfg(train_dataloader, "train_dataloader")
+    if isinstance(val_dataloader, Mapping):
+        check_dataloader_cfg(val_dataloader, "val_dataloader")
+    validation = dict(val_dataloader=val_dataloader, val_evaluator=val_evaluator, val_cfg=val_cfg)
+    given = [k for k, v in validation.items() if v is not None]
+    if given and len(given) < len(validation):
+        missing = [k for k in validation if k not in given]
+        raise ValueError(
+            f"validation needs val_dataloader and val_evaluator together; got "
+            f"{', '.join(given)} but not {', '.join(missing)}. Add "
+            + " and ".join(f"{k}=..." for k in missing)
+            + ", or remove the others"
+        )
+    if train_cfg is not None and "val_interval" in train_cfg and val_dataloader is None:
+        raise ValueError(
+            f"train_cfg.val_interval={train_cfg['val_interval']!r} asks for validation, but the "
+            "config has no val_dataloader; add val_dataloader=dict(dataset=..., batch_size=...) "
+            "and val_evaluator=dict(type=...), or remove val_interval"
+        )
+    for name, path in (("load_from", load_from), ("resume", resume)):
+        if isinstance(path, str | os.PathLike) and not Path(path).exists():
+            raise FileNotFoundError(
+                f"{name}={str(path)!r}: no such checkpoint. " + _checkpoints_hint(Path(path))
+            )
+
+
+def _check_types(cfg: Config | Mapping[str, Any]) -> None:
+    """Every ``type`` the config names by a string must resolve in its registry (a typo is a
+    ``KeyError`` listing the close names), before any process is started."""
+
+    def check(registry: Any, item: Any) -> None:
+        if isinstance(item, Mapping) and isinstance(item.get("type"), str):
+            registry.get(item["type"])
+
+    check(MODELS, cfg.get("model"))
+    check(STRATEGIES, cfg.get("strategy"))
+    for name in ("train_dataloader", "val_dataloader"):
+        loader = cfg.get(name)
+        if isinstance(loader, Mapping):
+            check(DATASETS, loader.get("dataset"))
+    evaluator = cfg.get("val_evaluator")
+    for metric in evaluator if isinstance(evaluator, list | tuple) else [evaluator]:
+        if not (isinstance(metric, Mapping) and metric.get("type") == "Evaluator"):
+            check(METRICS, metric)
+    hooks = list((cfg.get("default_hooks") or {}).values()) + list(cfg.get("custom_hooks") or [])
+    for hook in hooks:
+        check(HOOKS, hook)
+
+
+def _checkpoints_hint(path: Path) -> str:
+    folder = path.parent
+    found = sorted(p.name for p in folder.glob("*.pth")) if folder.is_dir() else []
+    if found:
+        return f"Checkpoints in {folder}: {', '.join(found)}; or resume=True for the latest."
+    return "Check the path, or use resume=True to resume from the latest checkpoint in work_dir."
+
+
+def _check_train_cfg(train_cfg: Any) -> None:
+    if not isinstance(train_cfg, Mapping):
+        raise TypeError(
+            f"train_cfg must be a dict such as dict(by_epoch=True, max_epochs=10), got "
+            f"{train_cfg!r}"
+        )
+    loop_type = train_cfg.get("type")
+    if loop_type is not None and loop_type not in ("EpochBasedTrainLoop", "IterBasedTrainLoop"):
+        return  # a custom loop checks its own arguments
+    by_epoch = train_cfg.get("by_epoch")
+    if loop_type is not None:
+        by_epoch = loop_type == "EpochBasedTrainLoop"
+    epochs = by_epoch or (by_epoch is None and "max_iters" not in train_cfg)
+    key = "max_epochs" if epochs else "max_iters"
+    value = train_cfg.get(key)
+    if value is None:
+        if by_epoch is None:
+            raise ValueError(
+                f"train_cfg={dict(train_cfg)} sets neither max_epochs nor max_iters; use "
+                "train_cfg=dict(by_epoch=True, max_epochs=N) or dict(by_epoch=False, max_iters=N)"
+            )
+        other = "max_iters" if key == "max_epochs" else "max_epochs"
+        raise ValueError(
+            f"train_cfg={dict(train_cfg)} is {'epoch' if by_epoch else 'iteration'}-based but "
+            f"has no {key}; add {key}=N"
+            + (f" (or set by_epoch={not by_epoch} to use {other})" if other in train_cfg else "")
+        )
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"train_cfg.{key} must be a positive int, got {value!r}")
+
+
+def _env_kwargs(env_cfg: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:
+    """mmengine's ``env_cfg`` as the strategy's ``env_kwargs``, and a note to log: an NCCL
+    backend asked for on a machine without CUDA becomes gloo (mmengine configs name NCCL)."""
+    env = copy.deepcopy(dict(env_cfg or {}))
+    dist_cfg = dict(env.get("dist_cfg") or {})
+    note = None
+    if "nccl" in str(dist_cfg.get("backend", "")) and not torch.cuda.is_available():
+        note = f"env_cfg.dist_cfg.backend={dist_cfg['backend']!r} needs CUDA; using gloo"
+        dist_cfg["backend"] = "gloo"
+    if dist_cfg:
+        env["dist_cfg"] = dist_cfg
+    return env, note
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def _own_method(model: nn.Module, name: str) -> Callable[..., Any] | None:
+    """``model.name`` when the user's module defines ``name`` (called through the wrapper
+    when the wrapper routes it, e.g. DDP's ``train_step``), else None."""
+    module = unwrap_model(model)
+    if not callable(getattr(module, name, None)):
+        return None
+    wrapped = getattr(model, name, None)
+    return wrapped if callable(wrapped) else getattr(module, name)
+
+
+def _to_device(data: Any, device: torch.device) -> Any:
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=True) if data.device != device else data
+    if isinstance(data, Mapping):
+        return type(data)({k: _to_device(v, device) for k, v in data.items()})  # type: ignore[call-arg]
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # a namedtuple
+        return type(data)(*(_to_device(v, device) for v in data))
+    if isinstance(data, list | tuple):
+        return type(data)(_to_device(v, device) for v in data)
+    return data
+
+
+def _call_model(model: nn.Module, data: Any) -> Any:
+    if isinstance(data, Mapping):
+        return model(**data)
+    if isinstance(data, list | tuple):
+        return model(*data)
+    return model(data)
+
+
+def parse_losses(outputs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss to back-propagate and the values to log, from what ``forward`` returned.
+
+    A dict: the entries whose key contains ``'loss'`` (a tensor, averaged if not a scalar,
+    or a list of tensors) are summed; each is logged, and the sum as ``loss``. A scalar
+    tensor is the loss itself. Anything else is an error that says what to return.
+    """
+    if isinstance(outputs, torch.Tensor) and outputs.dim() == 0:
+        return outputs, {"loss": outputs.detach()}
+    if not isinstance(outputs, Mapping):
+        shown = (
+            f"a Tensor of shape {tuple(outputs.shape)}"
+            if isinstance(outputs, torch.Tensor)
+            else f"a {type(outputs).__name__}"
+        )
+        raise TypeError(
+            f"the model's forward returned {shown}, and the default train step needs the loss: "
+            "return a dict such as dict(loss=F.cross_entropy(logits, labels)) (entries whose "
+            "key contains 'loss' are summed), a scalar loss tensor, or define "
+            "train_step(data, optim_wrapper) on the model"
+        )
+    losses: dict[str, torch.Tensor] = {}
+    for key, value in outputs.items():
+        if "loss" not in key:
+            continue
+        if isinstance(value, torch.Tensor):
+            losses[key] = value.mean()
+        elif isinstance(value, list | tuple) and all(isinstance(v, torch.Tensor) for v in value):
+            losses[key] = sum(v.mean() for v in value)
+        else:
+            raise TypeError(f"loss entry {key!r} is a {type(value).__name__}, not a tensor")
+    if not losses:
+        raise ValueError(
+            f"the model's forward returned a dict with keys {sorted(outputs)}, none of which "
+            "contains 'loss': the default train step back-propagates the sum of the entries "
+            "whose key contains 'loss'. Return e.g. dict(loss=...), or define "
+            "train_step(data, optim_wrapper) on the model"
+        )
+    loss = sum(losses.values())
+    log_vars = {"loss": loss.detach()}
+    if list(losses) != ["loss"]:
+        log_vars.update({k: v.detach() for k, v in losses.items()})
+    return loss, log_vars  # type: ignore[return-value]
+
+
+def _check_log_vars(outputs: Any) -> dict[str, Any]:
+    if not isinstance(outputs, Mapping) or not any("loss" in str(k) for k in outputs):
+        shown = sorted(outputs) if isinstance(outputs, Mapping) else type(outputs).__name__
+        raise ValueError(
+            f"the model's train_step returned {shown}; it must return a dict of logged values "
+            "with a 'loss' entry (mmengine's BaseModel.train_step returns parse_losses' "
+            "log_vars), e.g. return dict(loss=loss.detach())"
+        )
+    return dict(outputs)
+
+
+def _mean_over_ranks(log_vars: Mapping[str, Any]) -> dict[str, float]:
+    """Logged values as floats, averaged over the ranks (one copy to the host, one
+    collective)."""
+    names, values = [], []
+    for key, value in log_vars.items():
+        if isinstance(value, torch.Tensor):
+            values.append(value.detach().float().mean())
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            values.append(torch.tensor(float(value)))
+        else:
+            continue
+        names.append(key)
+    if not values:
+        return {}
+    device = next((v.device for v in values if v.device.type != "cpu"), torch.device("cpu"))
+    stacked = torch.stack([v.to(device) for v in values]).double()
+    if dist.get_world_size() > 1:
+        dist.all_reduce(stacked, op="mean")
+    return dict(zip(names, stacked.cpu().tolist()))
