@@ -18,9 +18,9 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# The main job: the example training run.
+# The main job: a character-level GPT on the standard library's source, FSDP2 on 2 CPU ranks.
 train: install
-	$(PY) examples/quickstart.py
+	$(VENV)/bin/shardwise train examples/gpt_fsdp.py --nproc-per-node $(NPROC) --work-dir work_dirs/gpt
 
 lint: install
 	$(VENV)/bin/ruff check .
