@@ -31,7 +31,9 @@ test: lint
 test-slow: install
 	$(PY) -m pytest -q -m slow || [ $$? -eq 5 ]  # 5: no slow case collected
 
+# Lightning (the peer) is a bench-only extra, pinned to the same torch.
 bench: install
+	$(PIP) install --quiet -e '.[bench]' $(TORCH)
 	$(PY) bench/run_all.py --quick
 
 clean:

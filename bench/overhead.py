@@ -1,0 +1,244 @@
+"""Overhead: a training step under shardwise against the same step written in raw PyTorch.
+
+Three cases, each in fresh processes with one intra-op thread per rank:
+
+- ``single``: ``SingleDeviceStrategy`` against ``loss.backward(); opt.step(); opt.zero_grad()``.
+- ``ddp``: ``DDPStrategy`` on 2 ranks against torch's ``DistributedDataParallel`` used directly.
+- ``fsdp``: ``FSDPStrategy`` on 2 ranks against ``fully_shard`` applied by hand (each
+  ``GPTBlock``, then the root), when ``shardwise.strategies.FSDPStrategy`` exists.
+
+Both contenders live in the same processes, start from the same weights, see batches of the
+same shape and use ``torch.optim.AdamW`` with the same hyper-parameters; before timing, three
+steps on identical batches check that they compute the same losses (the same work). Timing
+alternates them in short blocks (ABBA) after a warm-up; step times are medians over all
+blocks, and the ratio is the median of the per-block ratios (each shardwise block against the
+raw block beside it in time), so that drift of a shared machine cancels.
+
+Each case also profiles a few shardwise steps with cProfile and reports the seconds per step
+spent in shardwise's own Python frames (an upper bound: cProfile slows Python code down).
+
+    python bench/overhead.py --quick
+"""
+
+from __future__ import annotations
+
+import copy
+import cProfile
+import pstats
+import tempfile
+from typing import Any
+
+from _common import (
+    fsdp_strategy_class,
+    fully_shard_blocks,
+    in_rank_process,
+    init_gloo,
+    out_of_time,
+    quiet_shardwise_logs,
+    ratio,
+    run_ranks,
+    section_main,
+    summary,
+)
+
+TARGET = 1.02
+LR = 3e-4
+MODEL = "small"
+BATCH = 16
+
+
+def _settings(quick: bool, case: str) -> dict[str, int]:
+    if case == "fsdp":  # FSDP2 on gloo all-gathers per block: ~3x the step time of DDP
+        return (
+            dict(warmup=4, rounds=8, per_round=3)
+            if quick
+            else dict(warmup=20, rounds=40, per_round=4)
+        )
+    return (
+        dict(warmup=5, rounds=12, per_round=3) if quick else dict(warmup=30, rounds=60, per_round=4)
+    )
+
+
+# ----------------------------------------------------------------------------- rank side
+def _make_contenders(case: str, work_dir: str):
+    """``(raw_step, shardwise_step, check)``: step functions taking a batch index, and a
+    function returning both contenders' losses on the same three batches."""
+    import torch
+    import torch.distributed as dist
+    from _models import block_class, build_gpt, loss_of, make_batches
+
+    quiet_shardwise_logs()
+    rank = in_rank_process()["rank"]
+    init_gloo()
+    base = build_gpt(MODEL, seed=0)
+    batches = make_batches(16, BATCH, MODEL, seed=1 + rank)
+    optim_cfg = dict(optimizer=dict(type="AdamW", lr=LR))
+    env_kwargs = dict(randomness=dict(seed=0))
+
+    raw_model = copy.deepcopy(base)
+    if case == "single":
+        from shardwise.strategies import SingleDeviceStrategy
+
+        strategy = SingleDeviceStrategy(work_dir=work_dir, env_kwargs=env_kwargs)
+    elif case == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        from shardwise.strategies import DDPStrategy
+
+        raw_model = DistributedDataParallel(raw_model)
+        strategy = DDPStrategy(work_dir=work_dir, env_kwargs=env_kwargs)
+    elif case == "fsdp":
+        block = block_class()
+        fully_shard_blocks(raw_model, block)
+        FSDPStrategy, _ = fsdp_strategy_class()
+        strategy = FSDPStrategy(
+            work_dir=work_dir,
+            env_kwargs=env_kwargs,
+            model_wrapper=dict(auto_wrap_policy={block}),
+            state_dict_cfg="sharded",
+        )
+    else:
+        raise ValueError(case)
+    raw_opt = torch.optim.AdamW(raw_model.parameters(), lr=LR)
+    sw_model, optim_wrapper = strategy.prepare(copy.deepcopy(base), optim_wrapper=optim_cfg)
+    strategy.load_model_state_dict(base.state_dict())  # prepare() ran init_weights() again
+
+    def raw_step(i: int):
+        loss = loss_of(raw_model, batches[i % len(batches)])
+        loss.backward()
+        raw_opt.step()
+        raw_opt.zero_grad()
+        return loss
+
+    def shardwise_step(i: int):
+        with optim_wrapper.optim_context(sw_model):
+            loss = loss_of(sw_model, batches[i % len(batches)])
+        optim_wrapper.update_params(loss)
+        return loss
+
+    def check() -> dict[str, list[float]]:
+        return {
+            "raw": [raw_step(i).item() for i in range(3)],
+            "shardwise": [shardwise_step(i).item() for i in range(3)],
+        }
+
+    barrier = dist.barrier if dist.is_initialized() else None
+    return raw_step, shardwise_step, check, barrier
+
+
+def step_case(case: str, work_dir: str, warmup: int, rounds: int, per_round: int) -> dict:
+    """One rank of an overhead case: same-work check, interleaved timing, cProfile."""
+    from _common import interleaved_steps
+
+    raw_step, shardwise_step, check, barrier = _make_contenders(case, work_dir)
+    losses = check()
+    times = interleaved_steps(
+        {"raw": raw_step, "shardwise": shardwise_step},
+        warmup=warmup,
+        rounds=rounds,
+        per_round=per_round,
+        barrier=barrier,
+    )
+    profile = _profile_shardwise_frames(shardwise_step, steps=5)
+    return {"losses": losses, "times": times, "profile": profile}
+
+
+def _profile_shardwise_frames(step, steps: int) -> dict[str, Any]:
+    """Seconds per step in shardwise's own frames (tottime of functions under
+    ``src/shardwise``), and the top of them."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for i in range(steps):
+        step(i)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    own = []
+    total = 0.0
+    for (filename, line, func), (_cc, _nc, tottime, cumtime, _callers) in stats.stats.items():
+        if "/shardwise/" in filename and "/bench/" not in filename:
+            total += tottime
+            own.append((tottime, f"{filename.split('/shardwise/')[-1]}:{line}({func})", cumtime))
+    own.sort(reverse=True)
+    return {
+        "shardwise_self_s_per_step": total / steps,
+        "profiled_step_s": stats.total_tt / steps,
+        "top": [
+            {"frame": name, "self_s_per_step": t / steps, "cum_s_per_step": c / steps}
+            for t, name, c in own[:5]
+        ],
+    }
+
+
+# ----------------------------------------------------------------------------- driver side
+def _summarise(case: str, world_size: int, results: list[dict], settings: dict) -> dict:
+    rank0 = results[0]
+    raw = summary(rank0["times"]["raw"])
+    sw = summary(rank0["times"]["shardwise"])
+    per_round = settings["per_round"]
+    # Paired ratios: each round's shardwise block against the raw block beside it in time, so
+    # that drift between rounds (other processes on the machine) cancels.
+    round_ratios = []
+    for r in range(settings["rounds"]):
+        a = rank0["times"]["shardwise"][r * per_round : (r + 1) * per_round]
+        b = rank0["times"]["raw"][r * per_round : (r + 1) * per_round]
+        round_ratios.append(summary(a)["median_s"] / summary(b)["median_s"])
+    spread = summary(round_ratios)
+    losses = rank0["losses"]
+    same = all(
+        abs(a - b) <= 1e-5 * max(1.0, abs(a)) for a, b in zip(losses["raw"], losses["shardwise"])
+    )
+    value = spread["median_s"]
+    return {
+        "case": case,
+        "world_size": world_size,
+        "threads_per_rank": 1,
+        "shardwise_step": sw,
+        "raw_step": raw,
+        "ratio": value,
+        "ratio_of_medians": ratio(sw["median_s"], raw["median_s"]),
+        "round_ratio_p25_p75": [spread["p25_s"], spread["p75_s"]],
+        "target": TARGET,
+        "meets_target": value is not None and value <= TARGET,
+        "same_losses": same,
+        "losses": losses,
+        "profile_rank0": rank0["profile"],
+        "settings": settings,
+    }
+
+
+def run(quick: bool = True) -> dict[str, Any]:
+    from _models import count_params, model_classes
+
+    cases: dict[str, Any] = {}
+    FSDPStrategy, why = fsdp_strategy_class()
+    for case, world_size in (("single", 1), ("ddp", 2), ("fsdp", 2)):
+        if case == "fsdp" and FSDPStrategy is None:
+            cases[case] = {"status": "not available", "reason": why}
+            continue
+        settings = _settings(quick, case)
+        skipped = out_of_time(25 if case == "single" else 35)
+        if skipped:
+            cases[case] = skipped
+            continue
+        try:
+            with tempfile.TemporaryDirectory(prefix="shardwise-bench-") as work_dir:
+                results = run_ranks(
+                    "overhead:step_case",
+                    world_size,
+                    dict(case=case, work_dir=work_dir, **settings),
+                    timeout=600,
+                )
+            cases[case] = {"status": "ok", **_summarise(case, world_size, results, settings)}
+        except Exception as exc:  # noqa: BLE001 - one case's failure is its result
+            cases[case] = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "model": MODEL,
+        "model_params": count_params(MODEL),
+        "model_source": model_classes()[2],
+        "batch": BATCH,
+        "cases": cases,
+    }
+
+
+if __name__ == "__main__":
+    section_main("overhead", run)
