@@ -36,7 +36,11 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path):
             raise OSError(28, "No space left on device")
     assert torch.load(tmp_path / "ckpt.pth", weights_only=True) == {"value": 1}
     assert find_last_checkpoint(tmp_path) == str(tmp_path / "ckpt.pth")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pth", "last_checkpoint"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt.pth",
+        "ckpt.pth.manifest.json",  # the checksums recorded when ckpt.pth was committed
+        "last_checkpoint",
+    ]
 
 
 def test_overwriting_a_checkpoint_replaces_it_whole(tmp_path):
@@ -74,7 +78,7 @@ def test_every_rank_writes_then_the_directory_is_committed(tmp_path):
     results = run_distributed(
         _save_directory_on_every_rank, 2, str(tmp_path / "ckpt"), -1, init_pg=True
     )
-    assert results == [["rank0.pth", "rank1.pth"]] * 2
+    assert results == [["manifest.json", "rank0.pth", "rank1.pth"]] * 2
     assert find_last_checkpoint(tmp_path) == str(tmp_path / "ckpt")
 
 

@@ -140,8 +140,14 @@ def test_each_format_has_its_layout_on_disk(two_ranks):
     work_dir, results = two_ranks
     layouts = {fmt: results[0][fmt]["layout"] for fmt in FORMATS}
     assert layouts["full"] == "file"
-    assert layouts["sharded"] == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
-    assert layouts["local"] == ["rank0.pth", "rank1.pth"]
+    assert layouts["sharded"] == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "manifest.json",
+        "meta.pt",
+    ]
+    assert layouts["local"] == ["manifest.json", "rank0.pth", "rank1.pth"]
     assert {fmt: detect_format(work_dir / f"{fmt}.ckpt") for fmt in FORMATS} == {
         fmt: fmt for fmt in FORMATS
     }
@@ -310,6 +316,7 @@ def test_mmengine_run_strategy_scenario(tmp_path):
         assert groups["groups"] == 4 and groups["state"] == 4
         assert [lr[0] for lr in groups["lrs"]] == pytest.approx([0.1 / 3, 0.1 * 2 / 3, 0.1])
     assert sorted(os.listdir(tmp_path / "shared" / "checkpoint_local.pth")) == [
+        "manifest.json",
         "rank0.pth",
         "rank1.pth",
     ]

@@ -478,3 +478,22 @@ def test_saving_before_the_first_step_leaves_training_unchanged(tmp_path):
         assert torch.equal(saved[key], value) and torch.equal(resumed[key], value), key
     checkpoint = torch.load(tmp_path / "b" / "before_training.pth", weights_only=True)
     assert checkpoint["optimizer"]["state"] == {}
+
+
+def test_a_full_save_is_hashed_while_written_not_read_back(prepared, tmp_path, monkeypatch):
+    import hashlib
+
+    import shardwise.checkpoint.manifest as manifest
+    from shardwise.checkpoint.verify import verify_checkpoint
+
+    def no_second_read(path, *args, **kwargs):
+        raise AssertionError(f"{path} was read back to hash it")
+
+    monkeypatch.setattr(manifest, "file_sha256", no_second_read)
+    prepared.save_checkpoint("hashed.pth")
+    monkeypatch.undo()
+    recorded = manifest.read_manifest(tmp_path / "hashed.pth")
+    entry = next(iter(recorded["files"].values())) if "files" in recorded else recorded
+    expected = hashlib.sha256((tmp_path / "hashed.pth").read_bytes()).hexdigest()
+    assert expected in str(entry)
+    assert verify_checkpoint(tmp_path / "hashed.pth").ok

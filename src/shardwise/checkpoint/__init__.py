@@ -6,6 +6,7 @@ from .commit import (
     CheckpointError,
     clean_leftovers,
     find_last_checkpoint,
+    remove_checkpoint,
     staging_path,
     write_last_checkpoint,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "CheckpointError",
     "clean_leftovers",
     "find_last_checkpoint",
+    "remove_checkpoint",
     "staging_path",
     "write_last_checkpoint",
 ]

@@ -1,16 +1,24 @@
 """The commit protocol: a checkpoint is visible under its final name only once complete.
 
 Every rank writes under a staging name beside the final name (``.NAME.partial``). When all
-ranks have finished, they agree (one collective that also carries any rank's error); rank 0
-then moves the staging path into place and updates ``work_dir/last_checkpoint``. A crash at any
-moment leaves the previous checkpoint intact and ``last_checkpoint`` pointing at it; leftovers
-of an interrupted save are removed by the next save into the same folder.
+ranks have finished, they agree (one collective that also carries any rank's error and the
+SHA-256 of the files it wrote); rank 0 then records the manifest (:mod:`.manifest`), moves the
+staging path into place and updates ``work_dir/last_checkpoint``. A crash at any moment leaves
+the previous checkpoint intact and ``last_checkpoint`` pointing at it; leftovers of an
+interrupted save are removed by the next save into the same folder. A rank that cannot reach
+the others (one was killed) gets a :class:`CheckpointError` when the agreement fails, at the
+collective timeout at the latest.
 
 Example::
 
-    with CheckpointCommit(path, work_dir=work_dir) as staging:
+    commit = CheckpointCommit(path, work_dir=work_dir)
+    with commit as staging:
         if rank == 0:
             torch.save(state, staging)
+            commit.record(staging)   # optional: hashed here, not re-read by rank 0
+
+The two halves, :meth:`CheckpointCommit.begin` and :meth:`CheckpointCommit.finish`, may run
+on different threads (an asynchronous save finishes in the background).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import shutil
 import traceback
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import torch.distributed as dist
 
@@ -28,6 +37,7 @@ __all__ = [
     "CheckpointCommit",
     "staging_path",
     "clean_leftovers",
+    "remove_checkpoint",
     "write_last_checkpoint",
     "find_last_checkpoint",
     "LAST_CHECKPOINT",
@@ -36,6 +46,11 @@ __all__ = [
 LAST_CHECKPOINT = "last_checkpoint"
 _STAGING_SUFFIX = ".partial"
 _REPLACED_SUFFIX = ".replaced"
+_SIDECAR_SUFFIX = ".manifest.json"  # a file checkpoint's manifest: NAME.manifest.json
+
+#: What a rank tells the others when a save ends: its error (a traceback) or None, and the
+#: manifest entries of the files it wrote (``{relative name: {'size', 'sha256'}}``).
+_Outcome = tuple[str | None, dict[str, dict[str, Any]]]
 
 
 class CheckpointError(RuntimeError):
@@ -52,6 +67,10 @@ def _replaced_path(final: Path) -> Path:
     return final.with_name(f".{final.name}{_REPLACED_SUFFIX}")
 
 
+def _sidecar(checkpoint: Path) -> Path:
+    return checkpoint.with_name(checkpoint.name + _SIDECAR_SUFFIX)
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -59,16 +78,41 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def remove_checkpoint(path: str | os.PathLike[str]) -> None:
+    """Delete a checkpoint (file or directory) and the manifest sidecar of a file checkpoint;
+    a missing path is no error. For ``max_keep_ckpts`` and the like (call it on one rank)."""
+    path = Path(path)
+    _remove(path)
+    _sidecar(path).unlink(missing_ok=True)
+    staging_path(_sidecar(path)).unlink(missing_ok=True)
+
+
 def clean_leftovers(directory: str | os.PathLike[str]) -> list[Path]:
-    """Remove what interrupted saves left in ``directory``; returns the removed paths."""
+    """Remove what interrupted saves left in ``directory`` (staging paths, replaced
+    checkpoints, manifests whose checkpoint is gone); returns the removed paths. A replaced
+    checkpoint whose successor never arrived (a crash between the two renames of an overwrite)
+    is moved back to its name instead."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
     removed = []
-    for entry in directory.iterdir():
-        if entry.name.startswith(".") and entry.name.endswith((_STAGING_SUFFIX, _REPLACED_SUFFIX)):
+    for entry in sorted(directory.iterdir()):
+        hidden = entry.name.startswith(".")
+        if hidden and entry.name.endswith(_REPLACED_SUFFIX):
+            final = entry.with_name(entry.name[1 : -len(_REPLACED_SUFFIX)])
+            if not final.exists():  # crashed between the two renames: put the old one back
+                os.replace(entry, final)
+                continue
             _remove(entry)
             removed.append(entry)
+        elif hidden and entry.name.endswith(_STAGING_SUFFIX):
+            _remove(entry)
+            removed.append(entry)
+        elif entry.name.endswith(_SIDECAR_SUFFIX) and entry.is_file():
+            checkpoint = entry.with_name(entry.name[: -len(_SIDECAR_SUFFIX)])
+            if checkpoint.name and not checkpoint.exists():
+                entry.unlink(missing_ok=True)
+                removed.append(entry)
     return removed
 
 
@@ -101,7 +145,9 @@ def write_last_checkpoint(work_dir: str | os.PathLike[str], checkpoint: str | os
 
 
 def find_last_checkpoint(work_dir: str | os.PathLike[str]) -> str | None:
-    """The latest committed checkpoint recorded in ``work_dir``, or None if there is none."""
+    """The latest committed checkpoint recorded in ``work_dir``, or None if there is none.
+    If a crash interrupted its overwrite (it is still under its ``.NAME.replaced`` name, which
+    the next save moves back), that path."""
     record = Path(work_dir) / LAST_CHECKPOINT
     if not record.is_file():
         return None
@@ -111,27 +157,44 @@ def find_last_checkpoint(work_dir: str | os.PathLike[str]) -> str | None:
     path = Path(target)
     if not path.is_absolute():
         path = Path(work_dir) / path
+    if not path.exists() and _replaced_path(path).exists():
+        return str(_replaced_path(path))  # a crash while it was being overwritten: the old one
     return str(path) if path.exists() else None
 
 
-def _commit_on_rank0(staging: Path, final: Path, work_dir: Path | None) -> None:
+def _commit_on_rank0(
+    staging: Path, final: Path, work_dir: Path | None, digests: dict[str, dict[str, Any]]
+) -> None:
+    from .manifest import stage_manifest  # manifest.py imports this module
+
+    manifest = stage_manifest(staging, final, known=digests)  # hashes what no rank reported
     replaced = _replaced_path(final)
     if final.exists():
         _remove(replaced)
         os.replace(final, replaced)
     os.replace(staging, final)
+    manifest.commit()
     _fsync_dir(final.parent)
     if work_dir is not None:
         write_last_checkpoint(work_dir, final)
     _remove(replaced)
 
 
-def _gather_errors(error: str | None, group: dist.ProcessGroup | None) -> list[str | None]:
+def _gather(obj: Any, group: dist.ProcessGroup | None, what: str) -> list[Any]:
+    """Every rank's ``obj``; a rank that cannot reach the others (one crashed or was killed:
+    gloo fails on the closed connection, or at the collective timeout) gets CheckpointError."""
     if not (dist.is_available() and dist.is_initialized()):
-        return [error]
-    errors: list[str | None] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(errors, error, group=group)
-    return errors
+        return [obj]
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    try:
+        dist.all_gather_object(gathered, obj, group=group)
+    except Exception as exc:  # noqa: BLE001 - gloo/NCCL raise RuntimeError & co.
+        raise CheckpointError(
+            f"{what}: this rank could not reach the others to agree on the outcome (a rank "
+            f"crashed, was killed, or the collective timed out): {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
+    return gathered
 
 
 def _raise_if_any(errors: list[str | None], what: str) -> None:
@@ -142,14 +205,21 @@ def _raise_if_any(errors: list[str | None], what: str) -> None:
         raise CheckpointError(f"{what} failed on rank(s) {ranks}:\n{details}")
 
 
+def _format(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
 class CheckpointCommit:
-    """Context manager running one save through the commit protocol.
+    """One save through the commit protocol (a context manager, or :meth:`begin` then
+    :meth:`finish`).
 
     Entering removes an earlier save's leftovers (rank 0) and yields the staging path;
-    every rank writes its part there. Leaving gathers every rank's outcome: if any rank
-    failed, the staging path is removed and :class:`CheckpointError` is raised on every
-    rank; otherwise rank 0 renames the staging path into place and updates
-    ``work_dir/last_checkpoint``. Nothing committed before is touched by a failed save.
+    every rank writes its part there and may :meth:`record` the files it wrote. Leaving
+    gathers every rank's outcome: if any rank failed, the staging path is removed and
+    :class:`CheckpointError` is raised on every rank; otherwise rank 0 writes the manifest
+    (from the digests the ranks recorded; it hashes only files nobody recorded), renames the
+    staging path into place and updates ``work_dir/last_checkpoint``. Nothing committed
+    before is touched by a failed save.
 
     Args:
         final: the checkpoint's final path (a file or a directory).
@@ -171,14 +241,29 @@ class CheckpointCommit:
         self.work_dir = Path(work_dir) if work_dir is not None else None
         self.group = group
         self.is_dir = is_dir
+        self._written: list[Path] = []
+        self._hashed: dict[Path, str] = {}
 
     @property
     def _rank(self) -> int:
         return dist.get_rank(self.group) if dist.is_available() and dist.is_initialized() else 0
 
-    def __enter__(self) -> Path:
-        error = None
-        if self._rank == 0:
+    def record(self, *paths: str | os.PathLike[str] | Any) -> None:
+        """Note files this rank wrote under the staging path: they are hashed on this rank
+        before the agreement, so that rank 0 does not read them again for the manifest. A
+        :class:`~shardwise.checkpoint.full.WrittenFile` brings the hash taken while writing."""
+        for item in paths:
+            sha256 = getattr(item, "sha256", None)
+            path = Path(getattr(item, "path", item)).absolute()
+            self._written.append(path)
+            if sha256 is not None:
+                self._hashed[path] = sha256
+
+    def begin(self, error: str | None = None) -> Path:
+        """Rank 0 prepares the staging path; every rank learns whether that, or any rank's
+        own ``error`` (e.g. staging to host memory failed), went wrong. Returns the staging
+        path. A collective."""
+        if self._rank == 0 and error is None:
             try:
                 self.final.parent.mkdir(parents=True, exist_ok=True)
                 clean_leftovers(self.final.parent)
@@ -186,8 +271,53 @@ class CheckpointCommit:
                     self.staging.mkdir()
             except OSError:
                 error = traceback.format_exc()
-        _raise_if_any(_gather_errors(error, self.group), f"preparing {self.final}")
+        what = f"preparing {self.final}"
+        _raise_if_any(_gather(error, self.group, what), what)
         return self.staging
+
+    def finish(self, error: str | None = None) -> None:
+        """Agree on the outcome and commit (or discard) the save; ``error`` is this rank's
+        failure, if any. Raises :class:`CheckpointError` on every rank when any rank failed.
+        A collective."""
+        digests: dict[str, dict[str, Any]] = {}
+        if error is None:
+            try:
+                digests = self._digests()
+            except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                error = _format(exc)
+        saving = f"saving {self.final}"
+        outcomes: list[_Outcome] = _gather((error, digests), self.group, saving)
+        errors = [err for err, _ in outcomes]
+        commit_error = None
+        if self._rank == 0:
+            try:
+                if any(err is not None for err in errors):
+                    _remove(self.staging)
+                else:
+                    merged = {k: v for _, d in outcomes for k, v in d.items()}
+                    _commit_on_rank0(self.staging, self.final, self.work_dir, merged)
+            except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                commit_error = _format(exc)
+        committing = f"committing {self.final}"
+        commit_errors = _gather(commit_error, self.group, committing)  # staging gone or renamed
+        _raise_if_any(errors, saving)
+        _raise_if_any(commit_errors, committing)
+
+    def _digests(self) -> dict[str, dict[str, Any]]:
+        from .manifest import file_sha256
+
+        digests = {}
+        for path in self._written:
+            if path == self.staging:
+                name = self.final.name
+            else:
+                name = path.relative_to(self.staging).as_posix()
+            sha256 = self._hashed.get(path) or file_sha256(path)
+            digests[name] = dict(size=path.stat().st_size, sha256=sha256)
+        return digests
+
+    def __enter__(self) -> Path:
+        return self.begin()
 
     def __exit__(
         self,
@@ -197,17 +327,5 @@ class CheckpointCommit:
     ) -> bool:
         if exc_type is not None and not issubclass(exc_type, Exception):
             return False  # KeyboardInterrupt & co.: no collective, leave leftovers for later
-        error = "".join(traceback.format_exception(exc_type, exc, tb)) if exc else None
-        errors = _gather_errors(error, self.group)
-        commit_error = None
-        if self._rank == 0:
-            try:
-                if any(err is not None for err in errors):
-                    _remove(self.staging)
-                else:
-                    _commit_on_rank0(self.staging, self.final, self.work_dir)
-            except OSError:
-                commit_error = traceback.format_exc()
-        _raise_if_any(errors, f"saving {self.final}")
-        _raise_if_any(_gather_errors(commit_error, self.group), f"committing {self.final}")
+        self.finish(_format(exc) if exc is not None else None)
         return False

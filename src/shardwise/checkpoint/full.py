@@ -7,24 +7,50 @@ plain module's keys, optimizer state is keyed by parameter name. It loads with
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from .commit import CheckpointError
 
-__all__ = ["save_full_checkpoint", "load_full_checkpoint"]
+__all__ = ["WrittenFile", "save_full_checkpoint", "load_full_checkpoint"]
 
 
-def save_full_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write ``state`` to ``path`` and flush it to disk before returning."""
+class WrittenFile(NamedTuple):
+    """A file a save wrote, with the SHA-256 of its bytes taken while writing them."""
+
+    path: Path
+    sha256: str
+
+
+class _HashingWriter:
+    """A write-only stream that hashes what passes through it (no second read for checksums)."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.digest = hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def save_full_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) -> WrittenFile:
+    """Write ``state`` to ``path``, hashing it on the way, and flush it to disk before
+    returning."""
     with open(path, "wb") as f:
-        torch.save(state, f)
+        writer = _HashingWriter(f)
+        torch.save(state, writer)
         f.flush()
         os.fsync(f.fileno())
+    return WrittenFile(Path(path), writer.digest.hexdigest())
 
 
 def load_full_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict:

@@ -22,7 +22,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from .commit import CheckpointError
-from .full import load_full_checkpoint, save_full_checkpoint
+from .full import WrittenFile, load_full_checkpoint, save_full_checkpoint
 
 __all__ = ["load_local_checkpoint", "local_ranks", "rank_file", "save_local_checkpoint"]
 
@@ -56,10 +56,12 @@ def _to_local(tree: Any) -> Any:
     return tree
 
 
-def save_local_checkpoint(state: dict[str, Any], path: str | os.PathLike[str], rank: int) -> None:
+def save_local_checkpoint(
+    state: dict[str, Any], path: str | os.PathLike[str], rank: int
+) -> WrittenFile:
     """Write this rank's part of ``state`` (DTensors as their local shards) to
-    ``path/rank{rank}.pth``; every rank calls it."""
-    save_full_checkpoint(_to_local(state), rank_file(path, rank))
+    ``path/rank{rank}.pth`` and return that file with its hash; every rank calls it."""
+    return save_full_checkpoint(_to_local(state), rank_file(path, rank))
 
 
 def load_local_checkpoint(
@@ -72,7 +74,7 @@ def load_local_checkpoint(
         raise CheckpointError(
             f"{path} is a local checkpoint with files for ranks {ranks}, but this run has "
             f"{world_size} rank(s): a local checkpoint loads only on the number of ranks that "
-            "saved it. Resume on that many ranks, or save with state_dict_cfg='sharded', which "
-            "loads on any number of ranks"
+            "saved it. Resume on that many ranks, or convert it: load it there with FSDPStrategy "
+            "and save with state_dict_cfg='sharded', which loads on any number of ranks"
         )
     return load_full_checkpoint(rank_file(path, rank), map_location=map_location)

@@ -26,12 +26,12 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .commit import CheckpointError, _atomic_write_text, _fsync_dir, staging_path
+from .commit import _SIDECAR_SUFFIX, CheckpointError, _atomic_write_text, _fsync_dir, staging_path
 
 __all__ = [
     "MANIFEST",
@@ -47,7 +47,6 @@ __all__ = [
 ]
 
 MANIFEST = "manifest.json"
-_SIDECAR_SUFFIX = ".manifest.json"
 _VERSION = 1
 _CHUNK = 8 << 20
 
@@ -101,19 +100,30 @@ def _checkpoint_files(checkpoint: Path) -> list[str]:
 
 
 def build_manifest(
-    checkpoint: str | os.PathLike[str], *, name: str | None = None, on_bytes: OnBytes | None = None
+    checkpoint: str | os.PathLike[str],
+    *,
+    name: str | None = None,
+    on_bytes: OnBytes | None = None,
+    known: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The manifest of ``checkpoint`` (a directory, or a file recorded as ``name``, by
-    default its own name)."""
+    default its own name). ``known`` holds entries hashed already (by the rank that wrote
+    the file, in the commit protocol): a file listed there with the size on disk is not read
+    again; every other file is hashed here."""
     checkpoint = Path(checkpoint)
     if checkpoint.is_dir():
         entries = {rel: checkpoint / rel for rel in _checkpoint_files(checkpoint)}
     else:
         entries = {name or checkpoint.name: checkpoint}
-    files = {
-        rel: dict(size=path.stat().st_size, sha256=file_sha256(path, on_bytes))
-        for rel, path in entries.items()
-    }
+    known = known or {}
+    files = {}
+    for rel, path in entries.items():
+        size = path.stat().st_size
+        recorded = known.get(rel)
+        if recorded is not None and recorded.get("size") == size:
+            files[rel] = dict(size=size, sha256=recorded["sha256"])
+        else:
+            files[rel] = dict(size=size, sha256=file_sha256(path, on_bytes))
     return dict(
         manifest_version=_VERSION,
         algorithm="sha256",
@@ -222,10 +232,14 @@ class PendingManifest:
 
 
 def stage_manifest(
-    staging: str | os.PathLike[str], final: str | os.PathLike[str]
+    staging: str | os.PathLike[str],
+    final: str | os.PathLike[str],
+    *,
+    known: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> PendingManifest:
     """The commit-protocol hook: record the manifest of ``staging`` before it is renamed to
-    ``final``; call ``.commit()`` on the result after the rename.
+    ``final``; call ``.commit()`` on the result after the rename. ``known``: entries the
+    writing ranks hashed already (see :func:`build_manifest`).
 
     A directory gets ``manifest.json`` inside, so the rename publishes both at once. A file's
     sidecar is written under a staging name, and the old sidecar (which describes the file
@@ -235,11 +249,11 @@ def stage_manifest(
     staging, final = Path(staging), Path(final)
     sidecar = final.with_name(final.name + _SIDECAR_SUFFIX)
     if staging.is_dir():
-        _write_synced(staging / MANIFEST, _dump(build_manifest(staging)))
+        _write_synced(staging / MANIFEST, _dump(build_manifest(staging, known=known)))
         sidecar.unlink(missing_ok=True)  # left by a file checkpoint this directory replaces
         return PendingManifest()
     staged = staging_path(sidecar)
-    _write_synced(staged, _dump(build_manifest(staging, name=final.name)))
+    _write_synced(staged, _dump(build_manifest(staging, name=final.name, known=known)))
     sidecar.unlink(missing_ok=True)
     return PendingManifest(staged, sidecar)
 

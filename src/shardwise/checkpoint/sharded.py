@@ -13,8 +13,9 @@ Only the tensors under ``state_dict`` and ``optimizer`` go through DCP; ``meta.p
 rest so that it reads with ``torch.load(weights_only=True)``. DCP reshards on load: the same
 directory loads on any number of ranks, into sharded (DTensor) or plain tensors.
 
-Note that DCP itself reads ``.metadata`` with ``pickle``: load sharded checkpoints only from
-sources you trust.
+DCP itself would read ``.metadata`` with plain ``pickle``; shardwise reads it through
+:class:`~shardwise.checkpoint.safe_dcp.SafeFileSystemReader`, whose unpickler admits only the
+inert classes DCP's metadata is made of, so nothing in a checkpoint is executed.
 
 Example::
 
@@ -33,9 +34,11 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from .commit import CheckpointError
 from .full import load_full_checkpoint, save_full_checkpoint
+from .safe_dcp import SafeFileSystemReader
 
 __all__ = [
     "DCP_METADATA",
@@ -98,21 +101,53 @@ def _fill(tree: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     return tree
 
 
-def save_sharded_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write ``state`` into the directory ``path``; every rank calls it (a collective).
+class _RecordingWriter(dcp.FileSystemWriter):
+    """DCP's file writer that remembers the files this rank wrote (for the manifest)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, sync_files=True)
+        self.root = path
+        self.written: list[Path] = []
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        future = super().write_data(plan, planner)  # FileSystemWriter writes before returning
+        names = {getattr(r.storage_data, "relative_path", None) for r in future.wait()}
+        self.written += [self.root / name for name in sorted(n for n in names if n)]
+        return future
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        super().finish(metadata, results)
+        self.written.append(self.root / DCP_METADATA)
+
+
+def save_sharded_checkpoint(
+    state: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    process_group: torch_dist.ProcessGroup | None = None,
+) -> list[Path]:
+    """Write ``state`` into the directory ``path``; every rank calls it (a collective, on
+    ``process_group``, by default the world). Returns the files this rank wrote.
 
     The tensors under ``state['state_dict']`` and ``state['optimizer']`` (DTensors are saved
     shard by shard, plain tensors once) go through DCP; rank 0 writes the rest to ``meta.pt``.
+    A failure DCP reports (on every rank, as DCP agrees on it) is raised as CheckpointError.
     """
     path = Path(path)
     tensors: dict[str, torch.Tensor] = {}
     skeleton = {
         k: _split(v, (k,), tensors) if k in _TENSOR_SECTIONS else v for k, v in state.items()
     }
-    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(path, sync_files=True))
+    writer = _RecordingWriter(path)
+    try:
+        dcp.save(tensors, storage_writer=writer, process_group=process_group)
+    except CheckpointException as exc:  # a BaseException: turn it into an ordinary error
+        raise CheckpointError(f"DCP could not save {path}: {exc}") from None
     rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
     if rank == 0:
         save_full_checkpoint(skeleton, path / META_FILE)
+        writer.written.append(path / META_FILE)
+    return writer.written
 
 
 def _full_tensor(path: tuple[str, ...], shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -135,7 +170,7 @@ def read_sharded_meta(
         )
     skeleton = load_full_checkpoint(meta_file)
     refs = _refs(skeleton)
-    stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    stored = SafeFileSystemReader(path).read_metadata().state_dict_metadata
     missing = sorted(set(refs) - set(stored))
     if missing:
         raise CheckpointError(
@@ -160,7 +195,7 @@ def load_sharded_tensors(
     if targets:
         with warnings.catch_warnings():  # no_dist is what we asked for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(targets, storage_reader=dcp.FileSystemReader(path), no_dist=no_dist)
+            dcp.load(targets, storage_reader=SafeFileSystemReader(path), no_dist=no_dist)
     return _fill(skeleton, targets)
 
 

@@ -18,7 +18,9 @@ import copy
 import os
 import re
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +36,10 @@ from torch.distributed.checkpoint.state_dict import (
 
 import shardwise
 from shardwise import dist
-from shardwise.checkpoint import CheckpointCommit, find_last_checkpoint
+from shardwise.checkpoint import CheckpointCommit, CheckpointError, find_last_checkpoint
+from shardwise.checkpoint.async_save import AsyncCheckpointer, stage_to_host
 from shardwise.checkpoint.formats import read_checkpoint
-from shardwise.checkpoint.full import save_full_checkpoint
+from shardwise.checkpoint.full import WrittenFile, save_full_checkpoint
 from shardwise.env import (
     capture_rng_state,
     collect_env,
@@ -79,6 +82,9 @@ class BaseStrategy:
         log_kwargs: ``log_level`` and ``log_file`` for the logger.
         auto_scale_lr: ``dict(enable=True, base_batch_size=N)`` scales every LR by
             ``world_size * train_micro_batch_size_per_gpu / N``.
+        async_save: the default of :meth:`save_checkpoint`'s ``async_save``: write
+            checkpoints in the background, training blocked only while the state is copied
+            to host memory.
     """
 
     model: nn.Module
@@ -93,7 +99,12 @@ class BaseStrategy:
         env_kwargs: Mapping[str, Any] | None = None,
         log_kwargs: Mapping[str, Any] | None = None,
         auto_scale_lr: Mapping[str, Any] | None = None,
+        async_save: bool = False,
     ) -> None:
+        if not isinstance(async_save, bool):
+            raise TypeError(f"async_save must be True or False, got {async_save!r}")
+        self._async_save = async_save
+        self._checkpointer = AsyncCheckpointer()
         self._auto_scale_lr = _check_auto_scale_lr(auto_scale_lr)
         self._env_kwargs = dict(env_kwargs or {})
         self._work_dir = Path(work_dir).absolute()
@@ -664,39 +675,118 @@ class BaseStrategy:
         extra_ckpt: Mapping[str, Any] | None = None,
         callback: Callable[[dict[str, Any]], None] | None = None,
         async_save: bool | None = None,
-    ) -> None:
+    ) -> Future | None:
         """Save a checkpoint through the commit protocol: in the full format (one file,
         written by rank 0) here; sharding strategies choose their format.
 
         A relative ``filename`` is taken inside ``work_dir``. ``extra_ckpt`` entries are
         stored beside the state (its ``meta`` entries are merged into ``meta``);
         ``callback(checkpoint)`` may edit the dict before it is written.
+
+        ``async_save`` (None: the strategy's ``async_save`` default) returns as soon as the
+        state is copied to host memory, with a future (``.done()``, ``.result()`` -> the
+        checkpoint's path) while the write and commit go on in the background; the next save,
+        :meth:`wait_for_checkpoint`, loading and interpreter exit wait for it, and its failure
+        (on any rank) is raised as :class:`CheckpointError` on every rank there. A synchronous
+        save returns None once the checkpoint is committed.
+
+        Example::
+
+            >>> future = strategy.save_checkpoint('iter_1000.pth', async_save=True)
+            >>> ...  # training goes on while the checkpoint is written
+            >>> strategy.wait_for_checkpoint()  # committed (or CheckpointError)
         """
-        if async_save:
-            raise NotImplementedError(f"{type(self).__name__} saves synchronously only")
+        self.wait_for_checkpoint()
+        if not self._prepared:
+            raise RuntimeError("save_checkpoint() needs a prepared strategy: call prepare() first")
+        in_background = self._async_save if async_save is None else bool(async_save)
         path = self._resolve(filename)
         fmt = self._checkpoint_format()
-        state = self._checkpoint_state(save_optimizer, save_param_scheduler, extra_ckpt, fmt)
+        start = time.perf_counter()
+        try:
+            state = self._checkpoint_state(save_optimizer, save_param_scheduler, extra_ckpt, fmt)
+        except CheckpointError:
+            raise
+        except RuntimeError as exc:  # a collective failed: a rank crashed or timed out
+            raise CheckpointError(
+                f"saving {path}: gathering the state to save failed on rank {self.rank}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         if callback is not None:
             callback(state)
-        start = time.perf_counter()
-        with CheckpointCommit(path, work_dir=self._work_dir, is_dir=fmt != "full") as staging:
-            self._write_checkpoint(state, staging)
+        if in_background:
+            return self._save_in_background(state, path, fmt, start)
+        commit = CheckpointCommit(path, work_dir=self._work_dir, is_dir=fmt != "full")
+        with commit as staging:
+            commit.record(*self._write_checkpoint(state, staging))
         self.logger.info(
             "Saved checkpoint %s (%s) in %.2f s", path, fmt, time.perf_counter() - start
         )
+        return None
+
+    def _save_in_background(
+        self, state: dict[str, Any], path: Path, fmt: str, start: float
+    ) -> Future:
+        """Stage ``state`` to host memory, agree that every rank did, and write and commit it
+        in the background (see :mod:`shardwise.checkpoint.async_save`)."""
+        group = self._checkpointer.group()
+        commit = CheckpointCommit(path, work_dir=self._work_dir, group=group, is_dir=fmt != "full")
+        staged, error = None, None
+        try:
+            staged = self._stage_checkpoint(state, fmt)
+        except Exception:  # noqa: BLE001 - every rank raises it from begin()
+            error = traceback.format_exc()
+        del state
+        staging = commit.begin(error)
+        blocked = time.perf_counter() - start
+
+        def write() -> list[Path]:
+            return self._write_checkpoint(staged, staging, group=group)
+
+        future = self._checkpointer.submit(commit, write)
+        self.logger.info(
+            "Staged checkpoint %s (%s) in host memory in %.2f s; writing it in the background",
+            path,
+            fmt,
+            blocked,
+        )
+
+        def log(done: Future) -> None:
+            if done.exception() is None:
+                self.logger.info(
+                    "Saved checkpoint %s (%s) in %.2f s (in the background)",
+                    path,
+                    fmt,
+                    time.perf_counter() - start,
+                )
+
+        future.add_done_callback(log)
+        return future
 
     def _checkpoint_format(self) -> str:
         """The format :meth:`save_checkpoint` writes: ``'full'``, ``'sharded'`` or ``'local'``."""
         return "full"
 
-    def _write_checkpoint(self, state: dict[str, Any], staging: Path) -> None:
-        """Write ``state`` under the staging path of the commit protocol (every rank calls it)."""
-        if self.rank == 0:
-            save_full_checkpoint(state, staging)
+    def _stage_checkpoint(self, state: dict[str, Any], fmt: str) -> dict[str, Any]:
+        """A copy in host memory of what this rank writes (a full checkpoint: rank 0 only)."""
+        if fmt == "full" and self.rank != 0:
+            return {}
+        return stage_to_host(state)
+
+    def _write_checkpoint(
+        self, state: dict[str, Any], staging: Path, group: Any = None
+    ) -> list[Path | WrittenFile]:
+        """Write ``state`` under the staging path of the commit protocol (every rank calls it,
+        collectives on ``group``); returns the files this rank wrote."""
+        if self.rank != 0:
+            return []
+        return [save_full_checkpoint(state, staging)]
 
     def wait_for_checkpoint(self) -> None:
-        """Block until every save in flight is committed (synchronous saves: nothing to do)."""
+        """Block until the save in flight (if any) is committed; its failure, on any rank,
+        is raised here as :class:`CheckpointError` on every rank. Nothing to do after a
+        synchronous save."""
+        self._checkpointer.wait()
 
     def _map_location(self, map_location: Any) -> Any:
         return self.device if map_location == "default" else map_location
@@ -724,6 +814,7 @@ class BaseStrategy:
     ) -> dict[str, Any]:
         """Load the model weights of a checkpoint; return the rest of it (``meta``,
         ``optimizer``, extras). ``map_location='default'`` means this strategy's device."""
+        self.wait_for_checkpoint()
         checkpoint = self._read_checkpoint(filename, map_location)
         if callback is not None:
             callback(checkpoint)
@@ -749,6 +840,7 @@ class BaseStrategy:
         callback: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """Restore model, optimizer, schedulers, seed and RNG states from a checkpoint."""
+        self.wait_for_checkpoint()
         checkpoint = self._read_checkpoint(filename, map_location)
         self._check_resumable(filename, checkpoint, resume_optimizer, resume_param_scheduler)
         if callback is not None:

@@ -43,7 +43,7 @@ from torch.distributed.tensor import DTensor
 from shardwise import dist
 from shardwise.checkpoint import CheckpointError
 from shardwise.checkpoint.formats import detect_format
-from shardwise.checkpoint.full import load_full_checkpoint, save_full_checkpoint
+from shardwise.checkpoint.full import WrittenFile, load_full_checkpoint, save_full_checkpoint
 from shardwise.checkpoint.local import load_local_checkpoint, save_local_checkpoint
 from shardwise.checkpoint.sharded import (
     load_sharded_tensors,
@@ -603,14 +603,17 @@ class FSDPStrategy(BaseStrategy):
     def _checkpoint_format(self) -> str:
         return self._state_dict.format
 
-    def _write_checkpoint(self, state: dict[str, Any], staging: Path) -> None:
+    def _write_checkpoint(
+        self, state: dict[str, Any], staging: Path, group: Any = None
+    ) -> list[Path | WrittenFile]:
         fmt = self._state_dict.format
         if fmt == "sharded":
-            save_sharded_checkpoint(state, staging)
-        elif fmt == "local":
-            save_local_checkpoint(state, staging, self.rank)
-        elif self.rank == 0:
-            save_full_checkpoint(_map_tensors(state, lambda t: t.cpu()), staging)
+            return save_sharded_checkpoint(state, staging, process_group=group)
+        if fmt == "local":
+            return [save_local_checkpoint(state, staging, self.rank)]
+        if self.rank != 0:
+            return []
+        return [save_full_checkpoint(_map_tensors(state, lambda t: t.cpu()), staging)]
 
     def _read_checkpoint(self, filename: Any, map_location: Any) -> dict:
         """Read any format onto the sharded model: a full checkpoint is read by rank 0 only

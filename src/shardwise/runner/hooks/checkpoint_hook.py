@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
+from shardwise.checkpoint import remove_checkpoint
 from shardwise.registry import HOOKS
 
 from .hook import Hook
@@ -154,13 +154,13 @@ class CheckpointHook(Hook):
             ready += paths
         if runner.rank == 0:
             for path in ready:
-                _remove(path)
+                remove_checkpoint(path)
 
     def after_run(self, runner) -> None:
         # the runner has waited for every save in flight before calling after_run
         if runner.rank == 0:
             for path in self._pending:
-                _remove(path)
+                remove_checkpoint(path)
         self._pending = []
 
     # ------------------------------------------------------------------ best checkpoint
@@ -209,11 +209,3 @@ class CheckpointHook(Hook):
             f"cannot tell whether a greater or a smaller {key!r} is better; set "
             "default_hooks.checkpoint.rule='greater' or 'less'"
         )
-
-
-def _remove(path: str) -> None:
-    target = Path(path)
-    if target.is_dir():
-        shutil.rmtree(target, ignore_errors=True)
-    else:
-        target.unlink(missing_ok=True)

@@ -1,0 +1,167 @@
+"""Asynchronous saving: training blocks only while the state is copied to host memory.
+
+A save in the background runs in three steps:
+
+1. (training thread) the state is staged: every tensor copied to host memory (pinned when CUDA
+   is available; DTensors shard by shard) with DCP's stager, so that training may change
+   the originals at once; then every rank agrees that staging worked and rank 0 prepares the
+   staging path (:meth:`CheckpointCommit.begin`, one small collective);
+2. (a background thread) each rank writes its part: DCP's ``save`` for a sharded checkpoint,
+   ``torch.save`` by rank 0 for a full one;
+3. (the same thread) the commit protocol's agreement and rename
+   (:meth:`CheckpointCommit.finish`).
+
+Every collective of steps 2 and 3 runs on a dedicated gloo group, used by nothing else while a
+save is in flight, so it cannot interleave with the training's collectives on the default group
+(which would deadlock or corrupt both). At most one save is in flight: the next save, an
+explicit wait and interpreter exit wait for it. A failure on any rank fails the agreement on
+every rank, and each rank raises it as :class:`CheckpointError` at its next save or wait; a rank
+that was killed makes the survivors' agreement fail when gloo sees the connection close (or at
+the collective timeout).
+
+Example::
+
+    checkpointer = AsyncCheckpointer()
+    group = checkpointer.group()                    # every rank, the first time
+    commit = CheckpointCommit(path, work_dir=work_dir, group=group)
+    staged = stage_to_host(state)
+    staging = commit.begin()
+    future = checkpointer.submit(commit, lambda: write(staged, staging))
+    ...                                             # training goes on
+    checkpointer.wait()                             # raises if the save failed on any rank
+
+This mirrors torchtitan's asynchronous checkpointing (a gloo group for DCP's collectives, the
+previous save awaited before the next); DCP's own ``async_save`` is not used because the
+commit must follow the write in the same background thread, after an agreement that staging
+worked on every rank (``async_save`` starts its collectives before we could know that).
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+from .commit import CheckpointCommit, CheckpointError, _format
+
+__all__ = ["AsyncCheckpointer", "stage_to_host"]
+
+logger = logging.getLogger(__name__)
+
+#: Saves submitted and not yet waited for, in any checkpointer (reported at exit).
+_UNAWAITED: set[Future] = set()
+_UNAWAITED_LOCK = threading.Lock()
+
+
+def stage_to_host(state: Any) -> Any:
+    """A copy of ``state`` whose tensors live in host memory (pinned when CUDA is available),
+    independent of the originals; DTensors keep their layout, each rank copying its shards."""
+    stager = DefaultStager(
+        StagingOptions(
+            use_pinned_memory=torch.cuda.is_available(),
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=False,
+        )
+    )
+    try:
+        return stager.stage(state)
+    finally:
+        stager.close()
+
+
+def _default_timeout() -> datetime.timedelta | None:
+    """The collective timeout of the default process group (new groups otherwise get
+    torch's 30 minutes)."""
+    world = torch_dist.group.WORLD
+    for device in getattr(world, "_device_types", []):
+        try:
+            return world._get_backend(device).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+    return None
+
+
+class AsyncCheckpointer:
+    """Runs the write and commit of at most one save at a time in a background thread,
+    their collectives on a dedicated gloo group (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._group: torch_dist.ProcessGroup | None = None
+        self._future: Future | None = None
+
+    def group(self) -> torch_dist.ProcessGroup | None:
+        """The dedicated gloo group (created on first use: every rank must call this at the
+        same point), or None without a process group."""
+        if self._group is None and torch_dist.is_available() and torch_dist.is_initialized():
+            self._group = torch_dist.new_group(backend="gloo", timeout=_default_timeout())
+        return self._group
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a save was submitted and not yet waited for."""
+        return self._future is not None
+
+    def wait(self) -> None:
+        """Block until the save in flight is committed; raise its failure here."""
+        future, self._future = self._future, None
+        if future is not None:
+            with _UNAWAITED_LOCK:
+                _UNAWAITED.discard(future)
+            future.result()
+
+    def submit(self, commit: CheckpointCommit, write: Callable[[], Iterable[Path]]) -> Future:
+        """Run ``write()`` (returns the files this rank wrote) and then ``commit.finish`` in a
+        background thread; the future's result is the checkpoint's path, its exception a
+        :class:`CheckpointError`. Call :meth:`wait` first: one save at a time."""
+        if self._future is not None:
+            raise RuntimeError("a save is in flight already: wait() for it first")
+        future: Future = Future()
+        future.set_running_or_notify_cancel()
+
+        def run() -> None:
+            try:
+                error = None
+                try:
+                    commit.record(*write())
+                except Exception as exc:  # noqa: BLE001 - every rank learns of it in finish()
+                    error = _format(exc)
+                commit.finish(error)
+            except CheckpointError as exc:
+                future.set_exception(exc)
+            except BaseException as exc:  # noqa: BLE001 - the training thread raises it
+                wrapped = CheckpointError(f"saving {commit.final} in the background failed")
+                wrapped.__cause__ = exc
+                future.set_exception(wrapped)
+            else:
+                future.set_result(str(commit.final))
+
+        with _UNAWAITED_LOCK:
+            _UNAWAITED.add(future)
+        # not a daemon: interpreter exit waits for the save (see also _wait_at_exit)
+        threading.Thread(target=run, name=f"shardwise-save:{commit.final.name}").start()
+        self._future = future
+        return future
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    """Wait for saves nobody waited for at interpreter exit (their non-daemon threads have
+    been joined already) and log the ones that failed: nobody is left to raise them to."""
+    with _UNAWAITED_LOCK:
+        pending = list(_UNAWAITED)
+        _UNAWAITED.clear()
+    for future in pending:
+        try:
+            future.result()
+        except Exception as exc:  # noqa: BLE001 - logged: the program is ending
+            logger.error("An asynchronous checkpoint save failed: %s", exc)

@@ -1,0 +1,264 @@
+"""Asynchronous saving: training blocks only for staging; the commit protocol still holds.
+
+One two-rank run (the ``two_ranks`` fixture) saves in the background with FSDP (sharded and
+full) and DDP while training goes on; the tests below each check one behaviour of its results.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+from shardwise.checkpoint import CheckpointError, find_last_checkpoint, staging_path
+from shardwise.checkpoint.manifest import verify_manifest
+from shardwise.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
+from tests.distributed import run_distributed
+from tests.test_fsdp import Block, TinyTransformer, full_weights, train_lm
+from tests.toy import ToyNet, train_steps
+
+OPTIM = dict(optimizer=dict(type="AdamW", lr=1e-2))
+
+
+def _fsdp(work_dir, fmt, **kwargs):
+    strategy = FSDPStrategy(
+        work_dir=work_dir,
+        state_dict_cfg=fmt,
+        model_wrapper=dict(auto_wrap_policy={Block}),
+        env_kwargs=dict(randomness=dict(seed=7)),
+        **kwargs,
+    )
+    model, wrapper = strategy.prepare(TinyTransformer(), optim_wrapper=OPTIM)
+    return strategy, model, wrapper
+
+
+def _equal(got, want):
+    return got.keys() == want.keys() and all(torch.equal(v, want[k]) for k, v in got.items())
+
+
+def _full_optimizer_state(model, wrapper):
+    options = StateDictOptions(full_state_dict=True)
+    state = get_optimizer_state_dict(model, wrapper.optimizer, options=options)["state"]
+    return {k: {n: v.clone() for n, v in s.items()} for k, s in state.items()}
+
+
+def _slow_writes(rank, seconds):
+    """Make this rank's DCP writes take ``seconds`` longer (the others wait in DCP's
+    collectives on the checkpoint group meanwhile)."""
+    from shardwise.checkpoint import sharded
+
+    original = sharded._RecordingWriter.write_data
+
+    def slow(self, plan, planner):
+        time.sleep(seconds)
+        return original(self, plan, planner)
+
+    if int(os.environ["RANK"]) == rank:
+        sharded._RecordingWriter.write_data = slow
+    return lambda: setattr(sharded._RecordingWriter, "write_data", original)
+
+
+def _failing_writes(rank):
+    from shardwise.checkpoint import sharded
+
+    original = sharded._RecordingWriter.write_data
+
+    def disk_full(self, plan, planner):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.root))
+
+    if int(os.environ["RANK"]) == rank:
+        sharded._RecordingWriter.write_data = disk_full
+    return lambda: setattr(sharded._RecordingWriter, "write_data", original)
+
+
+def _count_hashing(strategy, model, wrapper, work_dir):
+    """Save synchronously; which files did this rank hash for the manifest?"""
+    from shardwise.checkpoint import manifest
+
+    hashed, original = [], manifest.file_sha256
+
+    def counting(path, on_bytes=None):
+        hashed.append(Path(path).name)
+        return original(path, on_bytes)
+
+    manifest.file_sha256 = counting
+    strategy.save_checkpoint("hashed.ckpt", async_save=False)
+    manifest.file_sha256 = original
+    return sorted(hashed), verify_manifest(Path(work_dir, "hashed.ckpt"))
+
+
+def _save_in_the_background(work_dir):
+    rank = int(os.environ["RANK"])
+    out = {}
+    # sharded: the training's collectives run while the save's wait in the background
+    strategy, model, wrapper = _fsdp(work_dir, "sharded", async_save=True)
+    train_lm(strategy, model, wrapper, range(2), rank, 2)
+    out["hashed"], out["hashed_manifest"] = _count_hashing(strategy, model, wrapper, work_dir)
+    saved, saved_optim = full_weights(model), _full_optimizer_state(model, wrapper)
+    restore = _slow_writes(rank=1, seconds=0.5)
+    future = strategy.save_checkpoint("sharded.ckpt")  # async_save=None: the strategy default
+    out["returned_before_done"] = not future.done()
+    out["future"] = isinstance(future, Future)
+    train_lm(strategy, model, wrapper, range(2, 4), rank, 2)  # FSDP collectives meanwhile
+    out["trained_while_saving"] = not future.done()
+    strategy.wait_for_checkpoint()
+    restore()
+    out["sharded_path"] = future.result()
+    out["trained_differs"] = not all(
+        torch.equal(v, saved[k]) for k, v in full_weights(model).items()
+    )
+    strategy.load_checkpoint("sharded.ckpt")
+    out["sharded_weights"] = all(torch.equal(v, saved[k]) for k, v in full_weights(model).items())
+    fresh, fresh_model, fresh_wrapper = _fsdp(work_dir, "sharded")
+    fresh.resume("sharded.ckpt")
+    loaded_optim = _full_optimizer_state(fresh_model, fresh_wrapper)
+    out["sharded_optimizer"] = all(
+        torch.equal(v, saved_optim[k][n]) for k, s in loaded_optim.items() for n, v in s.items()
+    )
+
+    # at most one save in flight: the next save waits for the previous one
+    restore = _slow_writes(rank=0, seconds=0.5)
+    first = strategy.save_checkpoint("first.ckpt")
+    strategy.save_checkpoint("second.ckpt")
+    out["first_done_before_second_returned"] = first.done()
+    strategy.wait_for_checkpoint()
+    restore()
+    out["last_after_two"] = find_last_checkpoint(work_dir)
+
+    # a background failure on one rank is raised on every rank at the next wait
+    restore = _failing_writes(rank=1)
+    strategy.save_checkpoint("broken.ckpt")
+    try:
+        strategy.wait_for_checkpoint()
+    except CheckpointError as exc:
+        out["failure"] = str(exc)
+    restore()
+    out["last_after_failure"] = find_last_checkpoint(work_dir)
+    out["broken_leftovers"] = [
+        p for p in ("broken.ckpt", staging_path("broken.ckpt").name) if Path(work_dir, p).exists()
+    ]
+
+    # full: rank 0 stages to host memory and writes in the background
+    strategy, model, wrapper = _fsdp(work_dir, "full")
+    train_lm(strategy, model, wrapper, range(2), rank, 2)
+    saved = full_weights(model)
+    future = strategy.save_checkpoint("full.ckpt", async_save=True)
+    train_lm(strategy, model, wrapper, range(2, 4), rank, 2)
+    strategy.wait_for_checkpoint()
+    checkpoint = torch.load(future.result(), weights_only=True)
+    out["full_weights"] = all(torch.equal(checkpoint["state_dict"][k], v) for k, v in saved.items())
+
+    # local: every rank stages its shards and writes rank{i}.pth in the background
+    strategy, model, wrapper = _fsdp(work_dir, "local")
+    train_lm(strategy, model, wrapper, range(2), rank, 2)
+    saved = full_weights(model)
+    strategy.save_checkpoint("local.ckpt", async_save=True)
+    train_lm(strategy, model, wrapper, range(2, 4), rank, 2)
+    strategy.load_checkpoint("local.ckpt")  # waits for the save first
+    out["local_weights"] = _equal(full_weights(model), saved)
+
+    # DDP: the same code path as every strategy's full format
+    strategy = DDPStrategy(work_dir=work_dir)
+    model, wrapper = strategy.prepare(ToyNet(), optim_wrapper=OPTIM)
+    train_steps(model, wrapper, [], range(2), rank)
+    saved = {k: v.clone() for k, v in strategy.model_state_dict().items()}
+    future = strategy.save_checkpoint("ddp.ckpt", async_save=True)
+    train_steps(model, wrapper, [], range(2, 4), rank)
+    strategy.wait_for_checkpoint()
+    checkpoint = torch.load(future.result(), weights_only=True)
+    out["ddp_weights"] = all(torch.equal(checkpoint["state_dict"][k], v) for k, v in saved.items())
+    out["manifests"] = {
+        name: verify_manifest(Path(work_dir, name))
+        for name in ("sharded.ckpt", "second.ckpt", "full.ckpt", "local.ckpt", "ddp.ckpt")
+    }
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    work_dir = tmp_path_factory.mktemp("async_checkpoints")
+    return work_dir, run_distributed(_save_in_the_background, 2, str(work_dir), timeout=240)
+
+
+def test_an_async_save_returns_a_future_before_the_write_is_done(two_ranks):
+    _, results = two_ranks
+    for result in results:
+        assert result["future"]
+        # rank 1's write takes half a second longer: no rank can have committed yet
+        assert result["returned_before_done"]
+        assert result["trained_while_saving"]  # FSDP's collectives ran beside the save's
+
+
+def test_an_async_sharded_save_holds_the_state_at_the_moment_of_the_save(two_ranks):
+    work_dir, results = two_ranks
+    for result in results:
+        assert result["sharded_path"] == str(work_dir / "sharded.ckpt")
+        assert result["trained_differs"]  # training changed the weights meanwhile
+        assert result["sharded_weights"] and result["sharded_optimizer"]
+
+
+def test_async_full_and_local_saves_hold_the_state_at_the_moment_of_the_save(two_ranks):
+    _, results = two_ranks
+    assert results[0]["full_weights"] and results[0]["ddp_weights"]
+    assert all(result["local_weights"] for result in results)
+
+
+def test_the_next_save_waits_for_the_one_in_flight(two_ranks):
+    work_dir, results = two_ranks
+    for result in results:
+        assert result["first_done_before_second_returned"]
+        assert result["last_after_two"] == str(work_dir / "second.ckpt")
+
+
+def test_a_background_failure_is_raised_on_every_rank_and_commits_nothing(two_ranks):
+    work_dir, results = two_ranks
+    for result in results:
+        assert "failed on rank(s) 0, 1" in result["failure"]  # DCP tells every rank
+        assert "No space left on device" in result["failure"]
+        assert result["last_after_failure"] == str(work_dir / "second.ckpt")
+        assert result["broken_leftovers"] == []
+
+
+def test_async_saves_record_a_manifest_that_verifies(two_ranks):
+    work_dir, results = two_ranks
+    assert results[0]["manifests"] == {
+        "sharded.ckpt": [],
+        "second.ckpt": [],
+        "full.ckpt": [],
+        "local.ckpt": [],
+        "ddp.ckpt": [],
+    }
+    assert (work_dir / "full.ckpt.manifest.json").is_file()
+
+
+def test_single_device_saves_in_the_background_without_a_process_group(tmp_path):
+    strategy = SingleDeviceStrategy(work_dir=str(tmp_path), async_save=True)
+    model, wrapper = strategy.prepare(ToyNet(), optim_wrapper=OPTIM)
+    train_steps(model, wrapper, [], range(2))
+    saved = {k: v.clone() for k, v in strategy.model_state_dict().items()}
+    future = strategy.save_checkpoint("epoch_1.pth")
+    train_steps(model, wrapper, [], range(2, 4))
+    assert future.result() == str(tmp_path / "epoch_1.pth")
+    strategy.wait_for_checkpoint()
+    checkpoint = torch.load(tmp_path / "epoch_1.pth", weights_only=True)
+    assert all(torch.equal(checkpoint["state_dict"][k], v) for k, v in saved.items())
+    assert strategy.save_checkpoint("epoch_2.pth", async_save=False) is None
+    assert find_last_checkpoint(tmp_path) == str(tmp_path / "epoch_2.pth")
+
+
+def test_each_rank_hashes_the_files_it_wrote_for_the_manifest(two_ranks):
+    _, (rank0, rank1) = two_ranks
+    assert rank0["hashed"] == [".metadata", "__0_0.distcp", "meta.pt"]  # not rank 1's shard
+    assert rank1["hashed"] == ["__1_0.distcp"]
+    assert rank0["hashed_manifest"] == []
+
+
+def test_async_save_must_be_a_bool(tmp_path):
+    with pytest.raises(TypeError, match="async_save must be True or False"):
+        SingleDeviceStrategy(work_dir=str(tmp_path), async_save="yes")
