@@ -9,13 +9,21 @@ checkpoints, against plain torch and against the disk, all measured in the same 
   ``torch.load`` + ``load_state_dict`` and against reading the file; the file's pages are
   evicted from the page cache before every load.
 - ``sharded`` (2 ranks, ``FSDPStrategy(state_dict_cfg='sharded')``, when it exists) against
-  ``torch.distributed.checkpoint`` (DCP) save/load of a ``fully_shard``-ed copy.
+  ``torch.distributed.checkpoint`` (DCP) save/load of a ``fully_shard``-ed copy. It runs
+  first and leaves its checkpoint to ``full``, which resumes it on one rank (resharding)
+  beside its own loads: against the 2-rank resume of the same checkpoint.
+- ``async`` (inside ``full`` and ``sharded``): ``save_checkpoint(async_save=True)`` against a
+  synchronous save of the same state, alternating; the time training is blocked (until the
+  call returns) and until the checkpoint is committed (``wait_for_checkpoint``).
 - ``memory`` (fresh processes): the RSS high-water mark (``VmHWM``, reset just before each
   operation) above the RSS before it, for the full save and loads, against the model's size
   and against torch; and rank 0's while ``FSDPStrategy(state_dict_cfg='full')`` gathers and
   writes a full checkpoint on 2 ranks, against the same gather done by hand
-  (``get_state_dict(full_state_dict=True, cpu_offload=True)`` + ``torch.save``). These
-  processes run with ``MALLOC_MMAP_THRESHOLD_`` set so that RSS follows live memory.
+  (``get_state_dict(full_state_dict=True, cpu_offload=True)`` + ``torch.save``); and the
+  safetensors export of the full checkpoint (``convert_checkpoint(to='safetensors')``),
+  against the model's size, its largest tensor and ``torch.load`` + safetensors'
+  ``save_file``. These processes run with ``MALLOC_MMAP_THRESHOLD_`` set so that RSS follows
+  live memory.
 
 Timings are repeated, rotating the contenders' order, with ``os.sync()`` between them. This
 machine's disk is shared and its speed jumps between runs, so the figure is the best of N
@@ -58,6 +66,8 @@ from _common import (
 )
 
 LR = 3e-4
+#: The 1-rank resume of the sharded checkpoint that FSDP saved on 2 ranks (``full_case``).
+RESHARDED = "shardwise resume of the 2-rank sharded checkpoint"
 TARGETS = {"save": 1.10, "load": 1.10, "save_peak_vs_model": 1.0, "load_peak_vs_torch": 1.10}
 
 
@@ -109,6 +119,55 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def _async_vs_sync(strategy, work: Path, repeats: int, suffix: str) -> dict[str, list[float]]:
+    """The same state saved synchronously and with ``async_save=True``, alternating: the
+    seconds until ``save_checkpoint`` returns (training is blocked that long) and, for the
+    asynchronous save, until ``wait_for_checkpoint`` returns (the checkpoint is committed).
+
+    Nothing else runs while the background write goes on (in training, the step would share
+    the cores with it). On several ranks each rank times its own calls and every repeat's
+    figure is the slowest rank's (training goes on at the pace of the slowest).
+    """
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized()
+    barrier = dist.barrier if distributed else None
+    rank = dist.get_rank() if distributed else 0
+    # Untimed first: the first asynchronous save creates its dedicated gloo group.
+    warmup = work / f"async_warmup{suffix}"
+    strategy.save_checkpoint(warmup, async_save=True)
+    strategy.wait_for_checkpoint()
+    if barrier:
+        barrier()
+    if rank == 0:
+        _remove(warmup)
+    runs: dict[str, list[float]] = {"sync": [], "async blocked": [], "async committed": []}
+    for r in range(repeats):
+        for mode in _rotate(["sync", "async"], r):
+            path = work / f"{mode}_{r}{suffix}"
+            if barrier:
+                barrier()
+            start = time.perf_counter()
+            if mode == "sync":
+                strategy.save_checkpoint(path, async_save=False)
+                runs["sync"].append(time.perf_counter() - start)
+            else:
+                strategy.save_checkpoint(path, async_save=True)
+                runs["async blocked"].append(time.perf_counter() - start)
+                strategy.wait_for_checkpoint()
+                runs["async committed"].append(time.perf_counter() - start)
+            if barrier:
+                barrier()
+            if rank == 0:
+                os.sync()
+                _remove(path)
+    if not distributed:
+        return runs
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, runs)
+    return {k: [max(rk[k][i] for rk in every) for i in range(len(v))] for k, v in runs.items()}
 
 
 def _torch_save(state: dict[str, Any], path: Path, fsync: bool = True) -> None:
@@ -175,8 +234,12 @@ def _model_bytes(model) -> int:
 
 
 # ----------------------------------------------------------------------------- full format
-def full_case(size: str, work_dir: str, repeats: int) -> dict[str, Any]:
-    """One process: shardwise's full checkpoint against torch.save, torch.load and the disk."""
+def full_case(
+    size: str, work_dir: str, repeats: int, sharded_dir: str | None = None
+) -> dict[str, Any]:
+    """One process: shardwise's full checkpoint against torch.save, torch.load and the disk;
+    an asynchronous save against a synchronous one; and, given ``sharded_dir`` (a sharded
+    checkpoint FSDP saved on 2 ranks), its resume on this one rank (resharding)."""
     import torch
 
     work = Path(work_dir)
@@ -206,6 +269,7 @@ def full_case(size: str, work_dir: str, repeats: int) -> dict[str, Any]:
             os.sync()  # the next contender starts with no dirty pages of this one
             if r < repeats - 1 or name not in ("shardwise", "torch.save+fsync"):
                 _remove(path)
+    async_runs = _async_vs_sync(strategy, work, repeats, ".pth")
     sw_file = work / f"shardwise_{repeats - 1}.pth"
     raw_file = work / f"torch.save_fsync_{repeats - 1}.pth"
 
@@ -221,6 +285,9 @@ def full_case(size: str, work_dir: str, repeats: int) -> dict[str, Any]:
         "torch.load+load_state_dict (weights)": (raw_file, lambda: raw_load(False)),
         "torch.load+load_state_dict (weights+optimizer)": (raw_file, lambda: raw_load(True)),
     }
+    if sharded_dir is not None:
+        resharded = Path(sharded_dir)
+        loaders[RESHARDED] = (resharded, lambda: strategy.resume(resharded))
     loads: dict[str, list[float]] = {name: [] for name in loaders}
     reads = []
     for r in range(repeats):
@@ -245,6 +312,7 @@ def full_case(size: str, work_dir: str, repeats: int) -> dict[str, Any]:
     return {
         "file_bytes": sizes,
         "save_runs_s": saves,
+        "async_runs_s": async_runs,
         "load_runs_s": loads,
         "disk_read_runs_s": reads,
         "profiles": profiles,
@@ -277,6 +345,7 @@ def sharded_case(size: str, work_dir: str, repeats: int) -> dict[str, Any]:
             dist.barrier()
             if rank == 0 and r < repeats - 1:
                 _remove(path)
+    async_runs = _async_vs_sync(strategy, work, repeats, "")
     sw_dir, raw_dir = work / f"shardwise_sharded_{repeats - 1}", work / f"dcp_sharded_{repeats - 1}"
     loaders = {
         "shardwise resume": (sw_dir, lambda: strategy.resume(sw_dir)),
@@ -300,7 +369,14 @@ def sharded_case(size: str, work_dir: str, repeats: int) -> dict[str, Any]:
             drop_file_cache(path)
         dist.barrier()
         profiles[name] = profile_call(fn)
-    return {"dir_bytes": sizes, "save_runs_s": saves, "load_runs_s": loads, "profiles": profiles}
+    return {
+        "dir_bytes": sizes,
+        "save_runs_s": saves,
+        "async_runs_s": async_runs,
+        "load_runs_s": loads,
+        "profiles": profiles,
+        "resume_dir": str(sw_dir),
+    }
 
 
 # ----------------------------------------------------------------------------- memory
@@ -343,9 +419,58 @@ def memory_full_case(size: str, work_dir: str) -> dict[str, Any]:
         lambda: model.load_state_dict(held["ckpt"]["state_dict"])
     )
     held.clear()
+    # The safetensors export of the full checkpoint streams tensor by tensor: its peak should
+    # be the largest tensor, not the model. Baseline: the whole state read, then written.
+    from shardwise.checkpoint.convert import convert_checkpoint
+
+    export_s: dict[str, float] = {}
+
+    def timed(name: str, fn: Callable[[], Any]) -> Callable[[], None]:
+        def call() -> None:
+            start = time.perf_counter()
+            fn()
+            export_s[name] = time.perf_counter() - start
+
+        return call
+
+    # Untimed first: the lazy imports of the first call are not the export's memory.
+    convert_checkpoint(sw_file, work / "export_warmup.safetensors", to="safetensors")
+    drop_file_cache(sw_file)
+    peaks["export: shardwise convert to safetensors"] = _peak_extra(
+        timed(
+            "shardwise",
+            lambda: convert_checkpoint(sw_file, work / "export.safetensors", to="safetensors"),
+        )
+    )
+    # Where the export's memory goes: the manifest hashes the written file back in chunks.
+    from shardwise.checkpoint.manifest import file_sha256
+
+    exported = work / "export.safetensors"
+    peaks["export part: file_sha256 of the exported file (its manifest)"] = _peak_extra(
+        lambda: file_sha256(exported)
+    )
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        save_file = None
+    if save_file is not None:
+
+        def raw_export() -> None:
+            weights = torch.load(sw_file, map_location="cpu", weights_only=True)["state_dict"]
+            save_file(weights, str(work / "export_raw.safetensors"))
+
+        drop_file_cache(sw_file)
+        peaks["export: torch.load+safetensors save_file"] = _peak_extra(
+            timed("torch.load+save_file", raw_export)
+        )
     return {
         "model_bytes": _model_bytes(model),
+        "largest_tensor_bytes": max(
+            t.numel() * t.element_size() for t in model.state_dict().values()
+        ),
         "file_bytes": path_bytes(sw_file),
+        "export_bytes": path_bytes(work / "export.safetensors"),
+        "export_s": export_s,
         "peak_extra_bytes": peaks,
     }
 
@@ -399,6 +524,7 @@ def _derive_full(r0: dict[str, Any]) -> dict[str, Any]:
     nbytes = r0["file_bytes"]
     return {
         **r0,
+        **_derive_async(r0["async_runs_s"]),
         "save_s": save,
         "save_median_s": _medians(r0["save_runs_s"]),
         "save_gbps": {k: nbytes[k] / GB / s for k, s in save.items()},
@@ -419,10 +545,23 @@ def _derive_full(r0: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _derive_async(runs: dict[str, list[float]]) -> dict[str, Any]:
+    best = _best(runs)
+    return {
+        "async_s": best,
+        "async_median_s": _medians(runs),
+        "async_ratios": {
+            "blocked vs sync save": ratio(best["async blocked"], best["sync"]),
+            "committed vs sync save": ratio(best["async committed"], best["sync"]),
+        },
+    }
+
+
 def _derive_sharded(r0: dict[str, Any]) -> dict[str, Any]:
     save, load = _best(r0["save_runs_s"]), _best(r0["load_runs_s"])
     return {
         **r0,
+        **_derive_async(r0["async_runs_s"]),
         "save_s": save,
         "save_median_s": _medians(r0["save_runs_s"]),
         "save_gbps": {k: r0["dir_bytes"][k] / GB / s for k, s in save.items()},
@@ -443,31 +582,55 @@ def run(quick: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {"model": size, "model_params": count_params(size), "targets": TARGETS}
     FSDPStrategy, why = fsdp_strategy_class()
     only_size = {"size": size}
+    # The sharded case runs first and leaves its checkpoint for the full case, which resumes
+    # it on one rank (resharding) beside its own loads.
     cases: list[tuple[str, int, dict[str, Any], dict[str, str] | None, Callable | None]] = [
-        ("full", 1, cfg, None, _derive_full),
         ("sharded", 2, cfg, None, _derive_sharded),
+        ("full", 1, cfg, None, _derive_full),
         ("memory_full", 1, only_size, MEMORY_ENV, None),
         ("memory_fsdp_full", 2, only_size, MEMORY_ENV, None),
     ]
-    for case, world_size, kwargs, env, derive in cases:
-        target = f"checkpoint_io:{case}_case"
-        if world_size > 1 and FSDPStrategy is None:
-            out[case] = {"status": "not available", "reason": why}
-            continue
-        skipped = out_of_time(20)
-        if skipped:
-            out[case] = skipped
-            continue
-        work_dir = tempfile.mkdtemp(prefix="shardwise-bench-ckpt-")
-        try:
-            results = run_ranks(
-                target, world_size, dict(work_dir=work_dir, **kwargs), timeout=600, env=env
-            )
-            out[case] = {"status": "ok", **(derive(results[0]) if derive else results[0])}
-        except Exception as exc:  # noqa: BLE001 - one case's failure is its result
-            out[case] = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
-        finally:
+    keep: list[str] = []
+    try:
+        for case, world_size, kwargs, env, derive in cases:
+            target = f"checkpoint_io:{case}_case"
+            if world_size > 1 and FSDPStrategy is None:
+                out[case] = {"status": "not available", "reason": why}
+                continue
+            skipped = out_of_time(20)
+            if skipped:
+                out[case] = skipped
+                continue
+            work_dir = tempfile.mkdtemp(prefix="shardwise-bench-ckpt-")
+            if case == "full" and out.get("sharded", {}).get("status") == "ok":
+                kwargs = {**kwargs, "sharded_dir": out["sharded"]["resume_dir"]}
+            try:
+                results = run_ranks(
+                    target, world_size, dict(work_dir=work_dir, **kwargs), timeout=600, env=env
+                )
+                out[case] = {"status": "ok", **(derive(results[0]) if derive else results[0])}
+            except Exception as exc:  # noqa: BLE001 - one case's failure is its result
+                out[case] = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+            if case == "sharded" and out[case]["status"] == "ok":
+                keep.append(work_dir)
+            else:
+                shutil.rmtree(work_dir, ignore_errors=True)
+    finally:
+        for work_dir in keep:
             shutil.rmtree(work_dir, ignore_errors=True)
+    full, sharded = out.get("full", {}), out.get("sharded", {})
+    if full.get("status") == "ok" and RESHARDED in full["load_s"]:
+        one, two = full["load_s"][RESHARDED], sharded["load_s"]["shardwise resume"]
+        out["reshard"] = {
+            "status": "ok",
+            "resume_1_rank_s": one,
+            "resume_2_ranks_s": two,
+            "full_resume_1_rank_s": full["load_s"]["shardwise resume"],
+            "ratio": ratio(one, two),
+        }
+    else:
+        reason = "the sharded or the full case did not run"
+        out["reshard"] = {"status": "not run", "reason": reason}
     return out
 
 

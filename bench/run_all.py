@@ -30,7 +30,7 @@ from _common import DEADLINE_ENV, machine_info  # noqa: E402
 SECTIONS: dict[str, tuple[int, int]] = {
     "overhead": (80, 1200),
     "peer_lightning": (60, 1200),
-    "checkpoint_io": (100, 1800),
+    "checkpoint_io": (110, 1800),
     "scale": (200, 5400),
     "meta_init": (30, 900),
 }
@@ -391,10 +391,17 @@ def write_checkpoint(rep: Report, res: dict[str, Any]) -> None:
         return
     rep.add(
         f"Model: {res['model']} ({res['model_params'] / 1e6:.1f}M parameters) with AdamW state. "
-        "Synchronous saves; every save is fsync'd except the page-cache row; `os.sync()` "
-        "between contenders, page cache evicted before every load; times are the best of N "
-        "(the disk is shared and jumps; medians in results.json). Disk bandwidth: `os.write` "
-        "of the same number of bytes + `fsync`, and reading the file back, in the same run.",
+        "Synchronous saves unless the row says async; every save is fsync'd except the "
+        "page-cache row; `os.sync()` between contenders, page cache evicted before every load; "
+        "times are the best of N (the disk is shared and jumps; medians in results.json). Disk "
+        "bandwidth: `os.write` of the same number of bytes + `fsync`, and reading the file "
+        "back, in the same run. Async rows: `save_checkpoint(async_save=True)` alternating "
+        "with a synchronous save of the same state in the same processes; *blocked* is until "
+        "the call returns (training waits that long), *committed* until "
+        "`wait_for_checkpoint()` returns, nothing else running meanwhile; on 2 ranks each "
+        "repeat counts the slower rank. Resharded resume: the sharded row's checkpoint (saved "
+        "by FSDP on 2 ranks) resumed by `SingleDeviceStrategy` on 1 rank, its page cache "
+        "evicted, against FSDP's resume of the same checkpoint on 2 ranks.",
         "",
     )
     rows: list[list[str]] = []
@@ -453,6 +460,7 @@ def write_checkpoint(rep: Report, res: dict[str, Any]) -> None:
                     + "; ".join(f"{k} {[round(x, 3) for x in v]}" for k, v in runs.items())
                     + "."
                 )
+        rows += _async_rows(rep, full, "full, 1 process")
     else:
         rep.section_failed("checkpoint_io/full", full)
     sharded = res.get("sharded", {})
@@ -489,8 +497,27 @@ def write_checkpoint(rep: Report, res: dict[str, Any]) -> None:
                     + "; ".join(f"{k} {[round(x, 3) for x in v]}" for k, v in runs.items())
                     + "."
                 )
+        rows += _async_rows(rep, sharded, "sharded, FSDP 2 ranks")
     else:
         rows.append(["sharded save/resume (FSDP)", sharded.get("status", "?"), "", "", "", ""])
+    reshard = res.get("reshard", {})
+    if reshard.get("status") == "ok":
+        rows.append(
+            [
+                "resharded resume: sharded checkpoint of 2 ranks on 1 rank",
+                _s(reshard["resume_1_rank_s"]),
+                f"FSDP resume of it on 2 ranks {_s(reshard['resume_2_ranks_s'])}; full resume "
+                f"on 1 rank {_s(reshard['full_resume_1_rank_s'])}",
+                _r(reshard["ratio"]),
+                "–",
+                "–",
+            ]
+        )
+    else:
+        rows.append(["resharded resume (2 → 1 rank)", reshard.get("status", "?"), "", "", "", ""])
+        rep.problems.append(
+            f"checkpoint_io/reshard: {reshard.get('status')}: {reshard.get('reason')}"
+        )
     rep.table(["figure", "shardwise", "baseline (same run)", "ratio", "target", "met"], rows)
 
     rep.add(
@@ -516,6 +543,8 @@ def write_checkpoint(rep: Report, res: dict[str, Any]) -> None:
         ]
         for label, mine, theirs in pairs:
             rows.append(_memory_row(rep, label, peaks[mine], peaks[theirs], theirs, model))
+        if "export: shardwise convert to safetensors" in peaks:
+            rows.append(_export_row(rep, mem))
         rep.add(
             f"Model (parameters) {_mb(model)}, checkpoint file {_mb(mem['file_bytes'])}. "
             "Where a load's memory goes: "
@@ -523,6 +552,27 @@ def write_checkpoint(rep: Report, res: dict[str, Any]) -> None:
             + ".",
             "",
         )
+        if "export_s" in mem:
+            rep.add(
+                "Safetensors export (`convert_checkpoint(src, dst, to='safetensors')`, one warm-up "
+                "export first, page cache evicted) of the full checkpoint: "
+                f"{_mb(mem['export_bytes'])} written in {_s(mem['export_s']['shardwise'])}"
+                + (
+                    f" (torch.load+safetensors `save_file` "
+                    f"{_s(mem['export_s']['torch.load+save_file'])})"
+                    if "torch.load+save_file" in mem["export_s"]
+                    else ""
+                )
+                + "; largest tensor of the model "
+                f"{_mb(mem['largest_tensor_bytes'])}. Target: at most the largest tensor, "
+                "within 1% of the model's size (convert's streaming claim). Where its memory "
+                "goes: "
+                + ", ".join(
+                    f"{k[13:]} {_mb(v)}" for k, v in peaks.items() if k.startswith("export part: ")
+                )
+                + ".",
+                "",
+            )
     else:
         rows.append(["full save/load memory", mem.get("status", "?"), "", "", "", ""])
         rep.problems.append(f"checkpoint_io/memory_full: {mem.get('error') or mem.get('reason')}")
@@ -552,6 +602,73 @@ def write_checkpoint(rep: Report, res: dict[str, Any]) -> None:
         ],
         rows,
     )
+
+
+def _async_rows(rep: Report, case: dict[str, Any], label: str) -> list[list[str]]:
+    """The async save of one case against its synchronous save of the same state."""
+    if "async_s" not in case:
+        return []
+    best, ratios = case["async_s"], case["async_ratios"]
+    blocked = ratios["blocked vs sync save"]
+    if blocked is not None and blocked >= 1:
+        rep.misses.append(
+            f"Checkpoint, async save ({label}): training blocked {_s(best['async blocked'])}, "
+            f"not less than the synchronous save's {_s(best['sync'])}. All runs (s): "
+            + "; ".join(f"{k} {[round(x, 3) for x in v]}" for k, v in case["async_runs_s"].items())
+            + "."
+        )
+    return [
+        [
+            f"async save, {label}: training blocked",
+            _s(best["async blocked"]),
+            f"synchronous save {_s(best['sync'])}",
+            _r(blocked),
+            "< 1",
+            "–" if blocked is None else ("yes" if blocked < 1 else "**no**"),
+        ],
+        [
+            f"async save, {label}: until committed",
+            _s(best["async committed"]),
+            f"synchronous save {_s(best['sync'])}",
+            _r(ratios["committed vs sync save"]),
+            "–",
+            "–",
+        ],
+    ]
+
+
+def _export_row(rep: Report, mem: dict[str, Any]) -> list[str]:
+    """Peak memory of the safetensors export against the largest tensor and the model."""
+    peaks, model, largest = mem["peak_extra_bytes"], mem["model_bytes"], mem["largest_tensor_bytes"]
+    mine = peaks["export: shardwise convert to safetensors"]
+    raw = peaks.get("export: torch.load+safetensors save_file")
+    ok = mine is not None and mine <= largest + 0.01 * model
+    if mine is not None and not ok:
+        parts = {k[13:]: v for k, v in peaks.items() if k.startswith("export part: ")}
+        hashing = next((v for k, v in parts.items() if k.startswith("file_sha256")), None)
+        reason = (
+            f"measured in the same process, hashing the exported file for its manifest "
+            f"(`file_sha256`, which reads it back through an 8 MiB buffer) alone adds "
+            f"{_mb(hashing)}: the peak is that fixed buffer, not the tensors (it does not grow "
+            "with the model)"
+            if hashing is not None and hashing >= 0.9 * mine
+            else "measured parts: "
+            + (", ".join(f"{k} {_mb(v)}" for k, v in parts.items()) or "none")
+        )
+        rep.misses.append(
+            f"Memory, safetensors export: adds {_mb(mine)} at its peak against the largest "
+            f"tensor's {_mb(largest)} (+1% of the model: {_mb(0.01 * model)}); that is "
+            f"{mine / model:.3f}× the model ({_mb(model)}; torch.load+save_file adds "
+            f"{_mb(raw)}). Reason: {reason}."
+        )
+    return [
+        "safetensors export of the full checkpoint (convert)",
+        _mb(mine),
+        f"largest tensor {_mb(largest)}; torch.load+safetensors save_file {_mb(raw)}",
+        _r(None if mine is None else mine / largest) + " × largest tensor",
+        _r(None if mine is None else mine / model),
+        "yes" if ok else "**no**",
+    ]
 
 
 def _memory_row(
