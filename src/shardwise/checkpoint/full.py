@@ -10,9 +10,13 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import queue
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from .commit import CheckpointError
@@ -28,29 +32,76 @@ class WrittenFile(NamedTuple):
 
 
 class _HashingWriter:
-    """A write-only stream that hashes what passes through it (no second read for checksums)."""
+    """A write-only stream that hashes what passes through it, in a second thread.
 
-    def __init__(self, f: Any) -> None:
+    ``hashlib`` releases the GIL, so hashing overlaps the write instead of adding to it. A
+    chunk that views a tensor's storage is hashed in place (the tensor outlives the save);
+    anything else torch hands over (headers, the pickle) may be a buffer it reuses, so it is
+    copied first.
+    """
+
+    def __init__(self, f: Any, storages: set[int]) -> None:
         self._f = f
-        self.digest = hashlib.sha256()
+        self._storages = storages
+        self._digest = hashlib.sha256()
+        self._chunks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._hash, name="shardwise-hash", daemon=True)
+        self._thread.start()
+
+    def _hash(self) -> None:
+        while (chunk := self._chunks.get()) is not None:
+            try:
+                self._digest.update(chunk)
+            except BaseException as exc:  # noqa: BLE001 - reported by hexdigest()
+                self._error = exc
 
     def write(self, data: Any) -> int:
-        self.digest.update(data)
-        return self._f.write(data)
+        view = memoryview(data)
+        address = np.frombuffer(view, dtype=np.uint8).ctypes.data if view.nbytes else 0
+        self._chunks.put(view if address in self._storages else bytes(view))
+        return self._f.write(view)
 
     def flush(self) -> None:
         self._f.flush()
+
+    def hexdigest(self) -> str:
+        """Wait for the hashing thread; the SHA-256 of everything written."""
+        self._chunks.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._digest.hexdigest()
+
+
+def _cpu_storages(tree: Any) -> set[int]:
+    """Data addresses of the CPU tensor storages in ``tree`` (torch.save writes them as is)."""
+    found: set[int] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, torch.Tensor):
+            if node.device.type == "cpu":
+                found.add(node.untyped_storage().data_ptr())
+        elif isinstance(node, Mapping):
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return found
 
 
 def save_full_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) -> WrittenFile:
     """Write ``state`` to ``path``, hashing it on the way, and flush it to disk before
     returning."""
     with open(path, "wb") as f:
-        writer = _HashingWriter(f)
-        torch.save(state, writer)
+        writer = _HashingWriter(f, _cpu_storages(state))
+        try:
+            torch.save(state, writer)
+        finally:
+            digest = writer.hexdigest()
         f.flush()
         os.fsync(f.fileno())
-    return WrittenFile(Path(path), writer.digest.hexdigest())
+    return WrittenFile(Path(path), digest)
 
 
 def load_full_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict:
