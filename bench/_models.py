@@ -13,6 +13,7 @@ import importlib.util
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -102,3 +103,28 @@ def make_batches(
 def loss_of(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     x, y = batch
     return model(x, y)["loss"]
+
+
+def raw_step_fn(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list) -> Any:
+    """The raw PyTorch floor: ``step(i)`` trains on batch ``i`` and returns the loss."""
+
+    def step(i: int) -> torch.Tensor:
+        loss = loss_of(model, batches[i % len(batches)])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    return step
+
+
+def shardwise_step_fn(model: nn.Module, optim_wrapper: Any, batches: list) -> Any:
+    """The same step through a shardwise optimizer wrapper."""
+
+    def step(i: int) -> torch.Tensor:
+        with optim_wrapper.optim_context(model):
+            loss = loss_of(model, batches[i % len(batches)])
+        optim_wrapper.update_params(loss)
+        return loss
+
+    return step

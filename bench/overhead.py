@@ -65,7 +65,13 @@ def _make_contenders(case: str, work_dir: str):
     function returning both contenders' losses on the same three batches."""
     import torch
     import torch.distributed as dist
-    from _models import block_class, build_gpt, loss_of, make_batches
+    from _models import (
+        block_class,
+        build_gpt,
+        make_batches,
+        raw_step_fn,
+        shardwise_step_fn,
+    )
 
     quiet_shardwise_logs()
     rank = in_rank_process()["rank"]
@@ -103,18 +109,8 @@ def _make_contenders(case: str, work_dir: str):
     sw_model, optim_wrapper = strategy.prepare(copy.deepcopy(base), optim_wrapper=optim_cfg)
     strategy.load_model_state_dict(base.state_dict())  # prepare() ran init_weights() again
 
-    def raw_step(i: int):
-        loss = loss_of(raw_model, batches[i % len(batches)])
-        loss.backward()
-        raw_opt.step()
-        raw_opt.zero_grad()
-        return loss
-
-    def shardwise_step(i: int):
-        with optim_wrapper.optim_context(sw_model):
-            loss = loss_of(sw_model, batches[i % len(batches)])
-        optim_wrapper.update_params(loss)
-        return loss
+    raw_step = raw_step_fn(raw_model, raw_opt, batches)
+    shardwise_step = shardwise_step_fn(sw_model, optim_wrapper, batches)
 
     def check() -> dict[str, list[float]]:
         return {

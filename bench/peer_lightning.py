@@ -65,7 +65,14 @@ def peer_case(size: str, work_dir: str, steps: dict[str, int] | None, repeats: i
     import lightning as L
     import torch
     import torch.distributed as dist
-    from _models import block_class, build_gpt, loss_of, make_batches
+    from _models import (
+        block_class,
+        build_gpt,
+        loss_of,
+        make_batches,
+        raw_step_fn,
+        shardwise_step_fn,
+    )
     from lightning.fabric.strategies import ModelParallelStrategy
 
     quiet_shardwise_logs()
@@ -120,18 +127,8 @@ def peer_case(size: str, work_dir: str, steps: dict[str, int] | None, repeats: i
         l_opt.zero_grad()
         return loss
 
-    def raw_step(i: int):
-        loss = loss_of(raw_model, batches[i % len(batches)])
-        loss.backward()
-        raw_opt.step()
-        raw_opt.zero_grad()
-        return loss
-
-    def shardwise_step(i: int):
-        with optim_wrapper.optim_context(sw_model):
-            loss = loss_of(sw_model, batches[i % len(batches)])
-        optim_wrapper.update_params(loss)
-        return loss
+    raw_step = raw_step_fn(raw_model, raw_opt, batches)
+    shardwise_step = shardwise_step_fn(sw_model, optim_wrapper, batches)
 
     step_fns = {"lightning": lightning_step, "raw": raw_step}
     if "shardwise" in contenders:
