@@ -348,3 +348,25 @@ def test_loading_before_prepare_says_to_prepare_first(tmp_path):
     strategy = FSDPStrategy(work_dir=str(tmp_path))
     with pytest.raises(RuntimeError, match="call prepare\\(\\) first"):
         strategy.load_checkpoint(tmp_path / "any.pth")
+
+
+def _stateless_optimizer_resumes(work_dir):
+    """SGD without momentum holds no per-parameter tensors, which torch's full-state-dict
+    load cannot handle; every format resumes its param_groups all the same."""
+    lrs = {}
+    for fmt in FORMATS:
+        sgd = dict(optimizer=dict(type="SGD", lr=0.1))
+        strategy = FSDPStrategy(work_dir=work_dir, state_dict_cfg=fmt)
+        model, wrapper = strategy.prepare(TinyTransformer(), optim_wrapper=sgd)
+        wrapper.param_groups[0]["lr"] = 0.05
+        strategy.save_checkpoint(f"{fmt}.pth")
+        strategy = FSDPStrategy(work_dir=work_dir, state_dict_cfg=fmt)
+        model, wrapper = strategy.prepare(TinyTransformer(), optim_wrapper=sgd)
+        strategy.resume(f"{fmt}.pth")
+        lrs[fmt] = wrapper.param_groups[0]["lr"]
+    return lrs
+
+
+def test_a_stateless_optimizer_resumes_in_every_format(tmp_path):
+    for lrs in run_distributed(_stateless_optimizer_resumes, 2, str(tmp_path)):
+        assert lrs == {fmt: 0.05 for fmt in FORMATS}

@@ -607,7 +607,8 @@ class BaseStrategy:
         self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
     ) -> None:
         """Put an optimizer state keyed by parameter name into ``optimizer``."""
-        set_optimizer_state_dict(self.model, optimizer, state, options=self._state_dict_options())
+        options = self._state_dict_options(full_state_dict=holds_tensor_state(state))
+        set_optimizer_state_dict(self.model, optimizer, state, options=options)
 
     def load_scheduler_state_dict(self, state_dict: Any) -> None:
         """Load what :meth:`scheduler_state_dict` returned."""
@@ -951,6 +952,17 @@ def _contains_built_scheduler(schedulers: Any) -> bool:
     if isinstance(schedulers, list | tuple):
         return any(_contains_built_scheduler(s) for s in schedulers)
     return False
+
+
+def holds_tensor_state(optim_state: Mapping[str, Any]) -> bool:
+    """Whether an optimizer state holds per-parameter tensors. torch's full-state-dict load
+    fails without one (a stateless optimizer, e.g. SGD without momentum); loading such a
+    state as a sharded one is the same, as it holds only ``param_groups``."""
+    return any(
+        isinstance(v, torch.Tensor) and v.dim() > 0
+        for per_param in optim_state.get("state", {}).values()
+        for v in per_param.values()
+    )
 
 
 def _is_bare_state_dict(checkpoint: Mapping[str, Any]) -> bool:

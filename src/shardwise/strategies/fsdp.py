@@ -55,7 +55,7 @@ from shardwise.optim.scheduler import _ParamScheduler
 from shardwise.optim.scheduler.param_scheduler import unwrap_optimizer
 from shardwise.registry import MODEL_WRAPPERS, STRATEGIES
 
-from .base import BaseStrategy
+from .base import BaseStrategy, holds_tensor_state
 from .fsdp_config import (
     DEFAULT_SHARDER_NAMES,
     FSDP1_ONLY_KEYS,
@@ -595,9 +595,10 @@ class FSDPStrategy(BaseStrategy):
     def _set_optim_state_dict(
         self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
     ) -> None:
-        set_optimizer_state_dict(
-            self.model, optimizer, state, options=self._load_options(state["state"])
-        )
+        options = self._load_options(state["state"])
+        if not holds_tensor_state(state):
+            options = StateDictOptions(full_state_dict=False)
+        set_optimizer_state_dict(self.model, optimizer, state, options=options)
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_format(self) -> str:
