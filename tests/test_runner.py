@@ -369,17 +369,27 @@ def _spy_on_saves(runner, seen):
     original = runner.strategy.save_checkpoint
 
     def spy(filename, **kwargs):
-        seen.append(kwargs.get("async_save", "absent"))
-        return original(filename, **kwargs)
+        result = original(filename, **kwargs)
+        seen.append(kwargs["async_save"] if result is None else "future")
+        return result
 
     runner.strategy.save_checkpoint = spy
     return runner
 
 
-def test_async_save_is_passed_to_the_strategy_only_when_set(tmp_path):
+def test_an_unset_async_save_leaves_the_strategys_default(tmp_path):
     seen = []
     _spy_on_saves(_runner(tmp_path, train_cfg=dict(by_epoch=True, max_epochs=1)), seen).train()
-    assert seen == ["absent"]  # the strategy's own default applies
+    assert seen == [None]  # synchronous: the strategy's default
+    runner = _runner(
+        tmp_path,
+        "b",
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        strategy=dict(type="SingleDeviceStrategy", async_save=True),
+    )
+    seen = []
+    _spy_on_saves(runner, seen).train()
+    assert seen == ["future"]
 
 
 def test_background_saves_keep_the_newest_checkpoints_and_commit_before_the_run_ends(tmp_path):
@@ -389,7 +399,7 @@ def test_background_saves_keep_the_newest_checkpoints_and_commit_before_the_run_
     )
     runner = _runner(tmp_path, default_hooks=hooks, train_cfg=dict(by_epoch=True, max_epochs=3))
     _spy_on_saves(runner, seen).train()
-    assert seen == [True, True, True]
+    assert seen == ["future"] * 3
     assert sorted(p.name for p in Path(runner.work_dir).glob("*.pth")) == ["epoch_3.pth"]
     assert find_last_checkpoint(runner.work_dir).endswith("epoch_3.pth")
 

@@ -23,9 +23,11 @@ on different threads (an asynchronous save finishes in the background).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -51,6 +53,8 @@ _SIDECAR_SUFFIX = ".manifest.json"  # a file checkpoint's manifest: NAME.manifes
 #: What a rank tells the others when a save ends: its error (a traceback) or None, and the
 #: manifest entries of the files it wrote (``{relative name: {'size', 'sha256'}}``).
 _Outcome = tuple[str | None, dict[str, dict[str, Any]]]
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -163,7 +167,11 @@ def find_last_checkpoint(work_dir: str | os.PathLike[str]) -> str | None:
 
 
 def _commit_on_rank0(
-    staging: Path, final: Path, work_dir: Path | None, digests: dict[str, dict[str, Any]]
+    staging: Path,
+    final: Path,
+    work_dir: Path | None,
+    digests: dict[str, dict[str, Any]],
+    retire: list[Path],
 ) -> None:
     from .manifest import stage_manifest  # manifest.py imports this module
 
@@ -178,6 +186,13 @@ def _commit_on_rank0(
     if work_dir is not None:
         write_last_checkpoint(work_dir, final)
     _remove(replaced)
+    for old in retire:
+        if old == final:
+            continue
+        try:
+            remove_checkpoint(old)
+        except OSError as exc:  # the new checkpoint is committed: do not fail the save for it
+            logger.warning("Could not delete the outdated checkpoint %s: %s", old, exc)
 
 
 def _gather(obj: Any, group: dist.ProcessGroup | None, what: str) -> list[Any]:
@@ -218,14 +233,16 @@ class CheckpointCommit:
     gathers every rank's outcome: if any rank failed, the staging path is removed and
     :class:`CheckpointError` is raised on every rank; otherwise rank 0 writes the manifest
     (from the digests the ranks recorded; it hashes only files nobody recorded), renames the
-    staging path into place and updates ``work_dir/last_checkpoint``. Nothing committed
-    before is touched by a failed save.
+    staging path into place, updates ``work_dir/last_checkpoint`` and deletes the checkpoints
+    the save ``retire``s (:mod:`.retention`). Nothing committed before is touched by a failed
+    save.
 
     Args:
         final: the checkpoint's final path (a file or a directory).
         work_dir: where ``last_checkpoint`` lives; None leaves it alone.
         group: the process group carrying the agreement (default: the world).
         is_dir: the staging path is a directory, created on entry.
+        retire: checkpoints rank 0 deletes once this one is committed (never ``final``).
     """
 
     def __init__(
@@ -235,8 +252,10 @@ class CheckpointCommit:
         work_dir: str | os.PathLike[str] | None = None,
         group: dist.ProcessGroup | None = None,
         is_dir: bool = False,
+        retire: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
         self.final = Path(final).absolute()
+        self.retire = [Path(p).absolute() for p in retire]
         self.staging = staging_path(self.final)
         self.work_dir = Path(work_dir) if work_dir is not None else None
         self.group = group
@@ -295,7 +314,7 @@ class CheckpointCommit:
                     _remove(self.staging)
                 else:
                     merged = {k: v for _, d in outcomes for k, v in d.items()}
-                    _commit_on_rank0(self.staging, self.final, self.work_dir, merged)
+                    _commit_on_rank0(self.staging, self.final, self.work_dir, merged, self.retire)
             except Exception as exc:  # noqa: BLE001 - reported to every rank below
                 commit_error = _format(exc)
         committing = f"committing {self.final}"

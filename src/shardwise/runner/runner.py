@@ -600,14 +600,18 @@ class Runner:
         meta: Mapping[str, Any] | None = None,
         by_epoch: bool = True,
         async_save: bool | None = None,
+        max_keep_ckpts: int | None = None,
+        series: str = "periodic",
     ) -> Any:
         """Save a checkpoint with the loop position and the message hub.
 
         ``by_epoch=True`` is for a save at the end of an epoch (the epoch is complete),
         ``False`` for one after an iteration, as mmengine's ``CheckpointHook`` calls it;
         ``meta`` entries are added to (and may override) the recorded position.
-        ``async_save`` is handed to the strategy only when set. Returns what the strategy
-        returns: a future for a save written in the background, else None.
+        ``async_save``, ``max_keep_ckpts`` and ``series`` go to the strategy's
+        ``save_checkpoint`` (None: its defaults).
+        Returns what the strategy returns: a future for a save written in the background,
+        else None.
         """
         if by_epoch:
             position = dict(epoch=self.epoch + 1, iter=self.iter)
@@ -617,14 +621,15 @@ class Runner:
         if self.train_loop is not None:
             full_meta["epoch_length"] = self.train_loop.epoch_length
         full_meta.update(cfg=self.cfg.pretty_text, experiment_name=self.experiment_name)
-        kwargs = {} if async_save is None else dict(async_save=async_save)
         return self.strategy.save_checkpoint(
             filename,
             save_optimizer=save_optimizer,
             save_param_scheduler=save_param_scheduler,
             extra_ckpt=dict(meta=full_meta, message_hub=self.message_hub.state_dict()),
             callback=self._before_save_callback,
-            **kwargs,
+            async_save=async_save,
+            max_keep_ckpts=max_keep_ckpts,
+            series=series,
         )
 
 

@@ -40,6 +40,7 @@ from shardwise.checkpoint import CheckpointCommit, CheckpointError, find_last_ch
 from shardwise.checkpoint.async_save import AsyncCheckpointer, stage_to_host
 from shardwise.checkpoint.formats import read_checkpoint
 from shardwise.checkpoint.full import WrittenFile, save_full_checkpoint
+from shardwise.checkpoint.retention import Retention, check_max_keep_ckpts
 from shardwise.env import (
     capture_rng_state,
     collect_env,
@@ -85,6 +86,8 @@ class BaseStrategy:
         async_save: the default of :meth:`save_checkpoint`'s ``async_save``: write
             checkpoints in the background, training blocked only while the state is copied
             to host memory.
+        max_keep_ckpts: the default of :meth:`save_checkpoint`'s ``max_keep_ckpts``: keep
+            only the newest N checkpoints saved with a limit (-1: keep all).
     """
 
     model: nn.Module
@@ -100,10 +103,13 @@ class BaseStrategy:
         log_kwargs: Mapping[str, Any] | None = None,
         auto_scale_lr: Mapping[str, Any] | None = None,
         async_save: bool = False,
+        max_keep_ckpts: int = -1,
     ) -> None:
         if not isinstance(async_save, bool):
             raise TypeError(f"async_save must be True or False, got {async_save!r}")
         self._async_save = async_save
+        self._max_keep_ckpts = check_max_keep_ckpts(max_keep_ckpts)
+        self._retention = Retention()
         self._checkpointer = AsyncCheckpointer()
         self._auto_scale_lr = _check_auto_scale_lr(auto_scale_lr)
         self._env_kwargs = dict(env_kwargs or {})
@@ -676,6 +682,8 @@ class BaseStrategy:
         extra_ckpt: Mapping[str, Any] | None = None,
         callback: Callable[[dict[str, Any]], None] | None = None,
         async_save: bool | None = None,
+        max_keep_ckpts: int | None = None,
+        series: str = "periodic",
     ) -> Future | None:
         """Save a checkpoint through the commit protocol: in the full format (one file,
         written by rank 0) here; sharding strategies choose their format.
@@ -691,6 +699,11 @@ class BaseStrategy:
         (on any rank) is raised as :class:`CheckpointError` on every rank there. A synchronous
         save returns None once the checkpoint is committed.
 
+        ``max_keep_ckpts`` (None: the strategy's default; -1: no limit) keeps only the newest
+        N checkpoints of the ``series`` (e.g. ``'periodic'``, ``'best_acc'``): once this one
+        is committed, rank 0 deletes the oldest beyond N (never the newest, never one being
+        written; see :mod:`shardwise.checkpoint.retention`). The lists survive a resume.
+
         Example::
 
             >>> future = strategy.save_checkpoint('iter_1000.pth', async_save=True)
@@ -701,6 +714,8 @@ class BaseStrategy:
         if not self._prepared:
             raise RuntimeError("save_checkpoint() needs a prepared strategy: call prepare() first")
         in_background = self._async_save if async_save is None else bool(async_save)
+        max_keep = self._max_keep_ckpts if max_keep_ckpts is None else max_keep_ckpts
+        check_max_keep_ckpts(max_keep)
         path = self._resolve(filename)
         fmt = self._checkpoint_format()
         start = time.perf_counter()
@@ -715,30 +730,47 @@ class BaseStrategy:
             ) from exc
         if callback is not None:
             callback(state)
+        retire: list[str] = []
+        if max_keep > 0:
+            kept, retire = self._retention.plan(path, max_keep, series)
+            state.setdefault("meta", {})["kept_checkpoints"] = kept
         if in_background:
-            return self._save_in_background(state, path, fmt, start)
-        commit = CheckpointCommit(path, work_dir=self._work_dir, is_dir=fmt != "full")
-        with commit as staging:
-            commit.record(*self._write_checkpoint(state, staging))
+            return self._save_in_background(state, path, fmt, start, retire)
+        commit = CheckpointCommit(
+            path, work_dir=self._work_dir, is_dir=fmt != "full", retire=retire
+        )
+        try:
+            with commit as staging:
+                commit.record(*self._write_checkpoint(state, staging))
+        except BaseException:
+            self._retention.settle(committed=False)
+            raise
+        self._retention.settle(committed=True)
         self.logger.info(
             "Saved checkpoint %s (%s) in %.2f s", path, fmt, time.perf_counter() - start
         )
         return None
 
     def _save_in_background(
-        self, state: dict[str, Any], path: Path, fmt: str, start: float
+        self, state: dict[str, Any], path: Path, fmt: str, start: float, retire: list[str]
     ) -> Future:
         """Stage ``state`` to host memory, agree that every rank did, and write and commit it
         in the background (see :mod:`shardwise.checkpoint.async_save`)."""
         group = self._checkpointer.group()
-        commit = CheckpointCommit(path, work_dir=self._work_dir, group=group, is_dir=fmt != "full")
+        commit = CheckpointCommit(
+            path, work_dir=self._work_dir, group=group, is_dir=fmt != "full", retire=retire
+        )
         staged, error = None, None
         try:
             staged = self._stage_checkpoint(state, fmt)
         except Exception:  # noqa: BLE001 - every rank raises it from begin()
             error = traceback.format_exc()
         del state
-        staging = commit.begin(error)
+        try:
+            staging = commit.begin(error)
+        except CheckpointError:
+            self._retention.settle(committed=False)
+            raise
         blocked = time.perf_counter() - start
 
         def write() -> list[Path]:
@@ -787,7 +819,14 @@ class BaseStrategy:
         """Block until the save in flight (if any) is committed; its failure, on any rank,
         is raised here as :class:`CheckpointError` on every rank. Nothing to do after a
         synchronous save."""
-        self._checkpointer.wait()
+        if not self._checkpointer.in_flight:
+            return
+        try:
+            self._checkpointer.wait()
+        except BaseException:
+            self._retention.settle(committed=False)
+            raise
+        self._retention.settle(committed=True)
 
     def _map_location(self, map_location: Any) -> Any:
         return self.device if map_location == "default" else map_location
@@ -852,6 +891,9 @@ class BaseStrategy:
         if resume_param_scheduler and hasattr(self, "param_schedulers"):
             self.load_scheduler_state_dict(checkpoint.pop("param_schedulers"))
         self._restore_randomness(checkpoint.get("meta", {}))
+        self._retention.restore(
+            checkpoint.get("meta", {}).get("kept_checkpoints"), self._find_checkpoint(filename)
+        )
         self.logger.info("Resumed from %s", filename)
         return checkpoint
 

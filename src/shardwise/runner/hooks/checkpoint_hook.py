@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from shardwise.checkpoint import remove_checkpoint
 from shardwise.registry import HOOKS
 
 from .hook import Hook
@@ -28,7 +27,10 @@ class CheckpointHook(Hook):
         by_epoch: count ``interval`` in epochs or in iterations.
         save_optimizer, save_param_scheduler: store their state (needed to resume).
         out_dir: where checkpoints go (default: the work dir).
-        max_keep_ckpts: keep only the newest N periodic checkpoints (-1: all).
+        max_keep_ckpts: keep only the newest N periodic checkpoints (-1: all; None: the
+            strategy's ``max_keep_ckpts``). The strategy's checkpoint engine deletes the
+            outdated ones once the newer one is committed, and so does it for the previous best
+            checkpoint (see :mod:`shardwise.checkpoint.retention`).
         save_last: always save after the last epoch or iteration.
         save_best: a metric name, a list of them, or ``'auto'`` (the first metric): keep the
             checkpoint with the best value as ``best_{metric}_{epoch|iter}_{n}.pth``.
@@ -53,7 +55,7 @@ class CheckpointHook(Hook):
         save_optimizer: bool = True,
         save_param_scheduler: bool = True,
         out_dir: str | None = None,
-        max_keep_ckpts: int = -1,
+        max_keep_ckpts: int | None = None,
         save_last: bool = True,
         save_best: str | list[str] | None = None,
         rule: str | list[str] | None = None,
@@ -99,7 +101,6 @@ class CheckpointHook(Hook):
         if "auto" in self.save_best and len(self.save_best) > 1:
             raise ValueError("save_best='auto' cannot be combined with other keys")
         self.rules: list[str | None] = list(rules)
-        self._pending: list[str] = []
 
     def before_run(self, runner) -> None:
         self.out_dir = str(Path(self.out_dir or runner.work_dir).absolute())
@@ -125,43 +126,15 @@ class CheckpointHook(Hook):
 
     def _save(self, runner, filename: str, by_epoch: bool) -> None:
         path = str(Path(self.out_dir) / filename)
-        in_flight = runner.save_checkpoint(
+        runner.save_checkpoint(
             path,
             save_optimizer=self.save_optimizer,
             save_param_scheduler=self.save_param_scheduler,
             by_epoch=by_epoch,
             async_save=self.async_save,
+            max_keep_ckpts=self.max_keep_ckpts,
         )
-        hub = runner.message_hub
-        kept = [p for p in hub.get_info("checkpoint/kept", []) if p != path] + [path]
-        outdated = []
-        if self.max_keep_ckpts > 0:
-            while len(kept) > self.max_keep_ckpts:
-                outdated.append(kept.pop(0))
-        hub.update_info("checkpoint/kept", kept)
-        hub.update_info("last_ckpt", path)
-        self._remove_later(runner, outdated, in_flight is not None)
-
-    def _remove_later(self, runner, paths: list[str], in_flight: bool) -> None:
-        """Remove ``paths`` once the save just started is committed: now for a synchronous
-        save; for one written in the background (the strategy returned a future) at the next
-        save or at the end of the run, since until then an outdated checkpoint may still be
-        the last committed one. (A save waits for the one before it.)"""
-        ready, self._pending = self._pending, []
-        if in_flight:
-            self._pending = list(paths)
-        else:
-            ready += paths
-        if runner.rank == 0:
-            for path in ready:
-                remove_checkpoint(path)
-
-    def after_run(self, runner) -> None:
-        # the runner has waited for every save in flight before calling after_run
-        if runner.rank == 0:
-            for path in self._pending:
-                remove_checkpoint(path)
-        self._pending = []
+        runner.message_hub.update_info("last_ckpt", path)
 
     # ------------------------------------------------------------------ best checkpoint
     def after_val_epoch(self, runner, metrics: dict[str, float] | None = None) -> None:
@@ -186,16 +159,15 @@ class CheckpointHook(Hook):
             unit, count = ("epoch", runner.epoch) if self.by_epoch else ("iter", runner.iter)
             name = f"best_{key.replace('/', '_')}_{unit}_{count}.pth"
             path = str(Path(self.out_dir) / name)
-            previous = hub.get_info(ckpt_key)
             hub.update_info(score_key, value)
             hub.update_info(ckpt_key, path)
-            in_flight = runner.save_checkpoint(
+            runner.save_checkpoint(
                 path,
                 meta=dict(epoch=runner.epoch, iter=runner.iter),
                 async_save=self.async_save,
+                max_keep_ckpts=1,
+                series=ckpt_key,
             )
-            outdated = [previous] if previous and previous != path else []
-            self._remove_later(runner, outdated, in_flight is not None)
             runner.logger.info(
                 "The best checkpoint so far (%s = %.4f) is saved to %s", key, value, name
             )
