@@ -252,6 +252,28 @@ def test_single_device_saves_in_the_background_without_a_process_group(tmp_path)
     assert find_last_checkpoint(tmp_path) == str(tmp_path / "epoch_2.pth")
 
 
+def test_later_saves_refill_the_host_buffers_of_the_first(tmp_path, monkeypatch):
+    strategy = SingleDeviceStrategy(work_dir=str(tmp_path), async_save=True)
+    model, wrapper = strategy.prepare(ToyNet(), optim_wrapper=OPTIM)
+    staged = []
+    original = strategy._checkpointer.stage
+    monkeypatch.setattr(
+        strategy._checkpointer, "stage", lambda s: staged.append(original(s)) or staged[-1]
+    )
+    expected = []
+    for i in range(3):
+        train_steps(model, wrapper, [], range(2 * i, 2 * i + 2))
+        expected.append({k: v.clone() for k, v in strategy.model_state_dict().items()})
+        strategy.save_checkpoint(f"iter_{i}.pth")
+        train_steps(model, wrapper, [], range(10, 11))  # changes the weights while it writes
+        strategy.wait_for_checkpoint()
+    for i in range(3):
+        checkpoint = torch.load(tmp_path / f"iter_{i}.pth", weights_only=True)
+        assert _equal(checkpoint["state_dict"], expected[i])
+    pointers = [{k: t.data_ptr() for k, t in s["state_dict"].items()} for s in staged]
+    assert pointers[0] == pointers[1] == pointers[2]  # the same host memory, refilled
+
+
 def test_each_rank_hashes_the_files_it_wrote_for_the_manifest(two_ranks):
     _, (rank0, rank1) = two_ranks
     assert rank0["hashed"] == [".metadata", "__0_0.distcp", "meta.pt"]  # not rank 1's shard

@@ -3,9 +3,10 @@
 A save in the background runs in three steps:
 
 1. (training thread) the state is staged: every tensor copied to host memory (pinned when CUDA
-   is available; DTensors shard by shard) with DCP's stager, so that training may change
-   the originals at once; then every rank agrees that staging worked and rank 0 prepares the
-   staging path (:meth:`CheckpointCommit.begin`, one small collective);
+   is available; DTensors shard by shard) with DCP's stager, into buffers kept from the
+   previous save, so that training may change the originals at once; then every rank agrees
+   that staging worked and rank 0 prepares the staging path (:meth:`CheckpointCommit.begin`,
+   one small collective);
 2. (a background thread) each rank writes its part: DCP's ``save`` for a sharded checkpoint,
    ``torch.save`` by rank 0 for a full one;
 3. (the same thread) the commit protocol's agreement and rename
@@ -24,7 +25,7 @@ Example::
     checkpointer = AsyncCheckpointer()
     group = checkpointer.group()                    # every rank, the first time
     commit = CheckpointCommit(path, work_dir=work_dir, group=group)
-    staged = stage_to_host(state)
+    staged = checkpointer.stage(state)
     staging = commit.begin()
     future = checkpointer.submit(commit, lambda: write(staged, staging))
     ...                                             # training goes on
@@ -53,30 +54,13 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from .commit import CheckpointCommit, CheckpointError, _format
 
-__all__ = ["AsyncCheckpointer", "stage_to_host"]
+__all__ = ["AsyncCheckpointer"]
 
 logger = logging.getLogger(__name__)
 
 #: Saves submitted and not yet waited for, in any checkpointer (reported at exit).
 _UNAWAITED: set[Future] = set()
 _UNAWAITED_LOCK = threading.Lock()
-
-
-def stage_to_host(state: Any) -> Any:
-    """A copy of ``state`` whose tensors live in host memory (pinned when CUDA is available),
-    independent of the originals; DTensors keep their layout, each rank copying its shards."""
-    stager = DefaultStager(
-        StagingOptions(
-            use_pinned_memory=torch.cuda.is_available(),
-            use_shared_memory=False,
-            use_async_staging=False,
-            use_non_blocking_copy=False,
-        )
-    )
-    try:
-        return stager.stage(state)
-    finally:
-        stager.close()
 
 
 def _default_timeout() -> datetime.timedelta | None:
@@ -98,6 +82,30 @@ class AsyncCheckpointer:
     def __init__(self) -> None:
         self._group: torch_dist.ProcessGroup | None = None
         self._future: Future | None = None
+        self._stager: DefaultStager | None = None
+
+    def stage(self, state: Any) -> Any:
+        """A copy of ``state`` whose tensors live in host memory (pinned when CUDA is
+        available), independent of the originals; DTensors keep their layout, each rank
+        copying its shards.
+
+        The host buffers are kept and refilled by the next save (the one before it has been
+        written by then): after the first save, staging is a copy into memory already
+        allocated, not a page-faulting allocation. The price is one host copy of the saved
+        tensors for as long as this checkpointer lives, as in torchtitan.
+        """
+        if self._future is not None:
+            raise RuntimeError("a save is in flight: wait() for it before staging the next")
+        if self._stager is None:
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=torch.cuda.is_available(),
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=False,
+                )
+            )
+        return self._stager.stage(state)
 
     def group(self) -> torch_dist.ProcessGroup | None:
         """The dedicated gloo group (created on first use: every rank must call this at the

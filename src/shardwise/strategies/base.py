@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 import shardwise
 from shardwise import dist
 from shardwise.checkpoint import CheckpointCommit, CheckpointError, find_last_checkpoint
-from shardwise.checkpoint.async_save import AsyncCheckpointer, stage_to_host
+from shardwise.checkpoint.async_save import AsyncCheckpointer
 from shardwise.checkpoint.formats import read_checkpoint
 from shardwise.checkpoint.full import WrittenFile, save_full_checkpoint
 from shardwise.checkpoint.retention import Retention, check_max_keep_ckpts
@@ -804,7 +804,7 @@ class BaseStrategy:
         """A copy in host memory of what this rank writes (a full checkpoint: rank 0 only)."""
         if fmt == "full" and self.rank != 0:
             return {}
-        return stage_to_host(state)
+        return self._checkpointer.stage(state)
 
     def _write_checkpoint(
         self, state: dict[str, Any], staging: Path, group: Any = None
