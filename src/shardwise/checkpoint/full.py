@@ -3,6 +3,8 @@
 ``{'state_dict', 'optimizer', 'param_schedulers', 'meta', ...extras}``: model keys are the
 plain module's keys, optimizer state is keyed by parameter name. It loads with
 ``torch.load(path, weights_only=True)`` into a plain ``nn.Module`` without shardwise.
+:func:`load_full_checkpoint` also reads files written by mmengine (see
+:mod:`shardwise.checkpoint.mmengine_compat`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 import torch
 
 from .commit import CheckpointError
+from .mmengine_compat import mmengine_safe_globals, mmengine_to_plain
 
 __all__ = ["WrittenFile", "save_full_checkpoint", "load_full_checkpoint"]
 
@@ -104,8 +107,17 @@ def save_full_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) ->
     return WrittenFile(Path(path), digest)
 
 
-def load_full_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict:
-    """Read a full checkpoint with ``weights_only=True``: nothing in it is executed."""
+def load_full_checkpoint(
+    path: str | os.PathLike[str], map_location: Any = "cpu", *, mmap: bool | None = None
+) -> dict:
+    """Read a full checkpoint with ``weights_only=True``: nothing in it is executed.
+
+    Tensors, plain Python values and numpy arrays and scalars load; so does mmengine's
+    ``message_hub``, its HistoryBuffers coming back as plain dicts
+    (:mod:`~shardwise.checkpoint.mmengine_compat`). ``map_location='meta'`` reads the pickle
+    alone; ``mmap=True`` maps the file instead of reading its tensors (None: torch's
+    default).
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(
@@ -118,11 +130,15 @@ def load_full_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu"
             "full format only"
         )
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        with mmengine_safe_globals():
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         raise CheckpointError(
-            f"{path} needs arbitrary unpickling, which shardwise refuses (weights_only=True): "
-            f"{str(exc).splitlines()[0]}"
+            f"{path} holds an object shardwise will not unpickle (it loads with "
+            f"weights_only=True, so that no code in a checkpoint runs): {_refusal(exc)}. "
+            "Only tensors, plain Python values, numpy arrays and mmengine's message hub load. "
+            "If you trust the file's source, load it with torch.load(path, weights_only=False) "
+            "and save the tensors and plain values you need with torch.save"
         ) from exc
     except PermissionError:
         raise
@@ -133,4 +149,27 @@ def load_full_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu"
         ) from exc
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"{path} holds a {type(checkpoint).__name__}, not a checkpoint dict")
-    return checkpoint
+    try:
+        return mmengine_to_plain(checkpoint)
+    except ValueError as exc:
+        raise CheckpointError(f"{path} holds a malformed mmengine object: {exc}") from exc
+
+
+_BOILERPLATE = (
+    "Weights only load failed",
+    "In PyTorch",
+    "(1)",
+    "(2)",
+    "Please file an issue",
+    "Check the documentation",
+)
+
+
+def _refusal(exc: pickle.UnpicklingError) -> str:
+    """The line of torch's weights_only error that says what was refused (torch wraps it in
+    paragraphs of advice about ``weights_only=False``)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reasons = [line for line in lines if not line.startswith(_BOILERPLATE)]
+    reason = (reasons or lines or [type(exc).__name__])[0]
+    reason = reason.removeprefix("WeightsUnpickler error: ")
+    return reason.split(" Please use `torch.serialization", 1)[0].rstrip(".")

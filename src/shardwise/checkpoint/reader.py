@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import struct
 import warnings
 import zipfile
@@ -231,7 +230,7 @@ class FullReader(CheckpointReader):
         if any(t.device.type != "meta" for t in self._stored.values()):
             return super().load(tree, on_tensor=on_tensor)  # read whole already
         try:
-            whole = torch.load(self.path, mmap=True, map_location="cpu", weights_only=True)
+            whole = load_full_checkpoint(self.path, map_location="cpu", mmap=True)
         except Exception as exc:  # noqa: BLE001 - the pickle read fine a moment ago
             raise CheckpointError(f"{self.path} cannot be read: {exc}") from exc
         stored: dict[str, torch.Tensor] = {}
@@ -284,18 +283,7 @@ def _load_meta(path: Path) -> Any:
                 "directory cannot be read; restore it from a copy or save it again"
             ) from None
         return None
-    try:
-        return torch.load(path, map_location="meta", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(
-            f"{path} needs arbitrary unpickling, which shardwise refuses (weights_only=True): "
-            f"{str(exc).splitlines()[0]}"
-        ) from exc
-    except Exception as exc:  # noqa: BLE001 - torch.load fails in many ways on a bad file
-        raise CheckpointError(
-            f"{path} is not a readable checkpoint (truncated, or not written by torch.save): "
-            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        ) from exc
+    return load_full_checkpoint(path, map_location="meta")
 
 
 def _read_tensor(
