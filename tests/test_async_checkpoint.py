@@ -7,6 +7,7 @@ full) and DDP while training goes on; the tests below each check one behaviour o
 from __future__ import annotations
 
 import errno
+import json
 import os
 import time
 from concurrent.futures import Future
@@ -17,7 +18,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
 from shardwise.checkpoint import CheckpointError, find_last_checkpoint, staging_path
-from shardwise.checkpoint.manifest import verify_manifest
+from shardwise.checkpoint.manifest import MANIFEST, verify_manifest
 from shardwise.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 from tests.distributed import run_distributed
 from tests.test_fsdp import Block, TinyTransformer, full_weights, train_lm
@@ -274,11 +275,12 @@ def test_later_saves_refill_the_host_buffers_of_the_first(tmp_path, monkeypatch)
     assert pointers[0] == pointers[1] == pointers[2]  # the same host memory, refilled
 
 
-def test_each_rank_hashes_the_files_it_wrote_for_the_manifest(two_ranks):
-    _, (rank0, rank1) = two_ranks
-    assert rank0["hashed"] == [".metadata", "__0_0.distcp", "meta.pt"]  # not rank 1's shard
-    assert rank1["hashed"] == ["__1_0.distcp"]
-    assert rank0["hashed_manifest"] == []
+def test_each_rank_hashes_its_files_while_writing_them_and_reads_none_back(two_ranks):
+    work_dir, (rank0, rank1) = two_ranks
+    assert rank0["hashed"] == rank1["hashed"] == []  # no file read back for the manifest
+    assert rank0["hashed_manifest"] == []  # ... and the manifest verifies against the disk
+    manifest = json.loads((work_dir / "hashed.ckpt" / MANIFEST).read_text())
+    assert sorted(manifest["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
 
 
 def test_async_save_must_be_a_bool(tmp_path):

@@ -20,11 +20,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from torch.distributed.tensor import DTensor
 
 from .commit import CheckpointError
 from .mmengine_compat import mmengine_safe_globals, mmengine_to_plain
 
-__all__ = ["WrittenFile", "save_full_checkpoint", "load_full_checkpoint"]
+__all__ = [
+    "HashingWriter",
+    "WrittenFile",
+    "cpu_storages",
+    "load_full_checkpoint",
+    "save_full_checkpoint",
+]
 
 
 class WrittenFile(NamedTuple):
@@ -34,7 +41,7 @@ class WrittenFile(NamedTuple):
     sha256: str
 
 
-class _HashingWriter:
+class HashingWriter:
     """A write-only stream that hashes what passes through it, in a second thread.
 
     ``hashlib`` releases the GIL, so hashing overlaps the write instead of adding to it. A
@@ -77,13 +84,16 @@ class _HashingWriter:
         return self._digest.hexdigest()
 
 
-def _cpu_storages(tree: Any) -> set[int]:
-    """Data addresses of the CPU tensor storages in ``tree`` (torch.save writes them as is)."""
+def cpu_storages(tree: Any) -> set[int]:
+    """Data addresses of the CPU tensor storages in ``tree`` (torch.save writes them as is),
+    DTensors' local shards included."""
     found: set[int] = set()
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, torch.Tensor):
+        if isinstance(node, DTensor):
+            stack.append(node.to_local())
+        elif isinstance(node, torch.Tensor):
             if node.device.type == "cpu":
                 found.add(node.untyped_storage().data_ptr())
         elif isinstance(node, Mapping):
@@ -97,7 +107,7 @@ def save_full_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) ->
     """Write ``state`` to ``path``, hashing it on the way, and flush it to disk before
     returning."""
     with open(path, "wb") as f:
-        writer = _HashingWriter(f, _cpu_storages(state))
+        writer = HashingWriter(f, cpu_storages(state))
         try:
             torch.save(state, writer)
         finally:

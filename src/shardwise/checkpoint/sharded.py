@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,17 @@ import torch
 import torch.distributed as torch_dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.filesystem import FileSystem
 
 from .commit import CheckpointError
-from .full import load_full_checkpoint, save_full_checkpoint
+from .full import (
+    HashingWriter,
+    WrittenFile,
+    cpu_storages,
+    load_full_checkpoint,
+    save_full_checkpoint,
+)
 from .safe_dcp import SafeFileSystemReader
 
 __all__ = [
@@ -101,23 +110,100 @@ def _fill(tree: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     return tree
 
 
-class _RecordingWriter(dcp.FileSystemWriter):
-    """DCP's file writer that remembers the files this rank wrote (for the manifest)."""
+class _HashingStream:
+    """A file DCP writes into, hashed on the way (see :class:`~.full.HashingWriter`)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, f: Any, storages: set[int], on_close: Callable[[str], None]) -> None:
+        self._f = f
+        self._hasher = HashingWriter(f, storages)
+        self._on_close = on_close
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        return self._hasher.write(data)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._f.close()
+            self._on_close(self._hasher.hexdigest())
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local file system, hashing every file as it is written (``digests``: path ->
+    SHA-256), so that the manifest needs no second read of the checkpoint."""
+
+    def __init__(self, storages: set[int]) -> None:
+        super().__init__()
+        self.storages = storages
+        self.digests: dict[Path, str] = {}
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
+        if mode != "wb":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        path = Path(path)
+        stream = _HashingStream(
+            open(path, "wb"),  # noqa: SIM115 - closed by the stream
+            self.storages,
+            lambda digest: self.digests.__setitem__(path, digest),
+        )
+        try:
+            yield stream
+        finally:
+            stream.close()
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        super().rename(path, new_path)
+        if Path(path) in self.digests:
+            self.digests[Path(new_path)] = self.digests.pop(Path(path))
+
+
+class _RecordingWriter(dcp.FileSystemWriter):
+    """DCP's file writer that hashes the files this rank writes as it writes them, and
+    remembers them (for the manifest)."""
+
+    def __init__(self, path: Path, storages: set[int]) -> None:
         super().__init__(path, sync_files=True)
+        self.fs = _HashingFileSystem(storages)
         self.root = path
-        self.written: list[Path] = []
+        self.names: list[str] = []
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         future = super().write_data(plan, planner)  # FileSystemWriter writes before returning
         names = {getattr(r.storage_data, "relative_path", None) for r in future.wait()}
-        self.written += [self.root / name for name in sorted(n for n in names if n)]
+        self.names += sorted(n for n in names if n)
         return future
 
     def finish(self, metadata: Any, results: Any) -> None:
         super().finish(metadata, results)
-        self.written.append(self.root / DCP_METADATA)
+        self.names.append(DCP_METADATA)
+
+    @property
+    def written(self) -> list[WrittenFile]:
+        return [WrittenFile(self.root / n, self.fs.digests[self.root / n]) for n in self.names]
+
+
+def _save_planner(plan_cache: str | None) -> DefaultSavePlanner:
+    if plan_cache is None:
+        return DefaultSavePlanner()
+    try:
+        planner = DefaultSavePlanner(enable_plan_caching=True)
+    except TypeError:  # torch without plan caching
+        return DefaultSavePlanner()
+    planner._cached_plans_key = f"shardwise:{plan_cache}"  # DCP's default: the class name
+    return planner
 
 
 def save_sharded_checkpoint(
@@ -125,9 +211,16 @@ def save_sharded_checkpoint(
     path: str | os.PathLike[str],
     *,
     process_group: torch_dist.ProcessGroup | None = None,
-) -> list[Path]:
+    plan_cache: str | None = None,
+) -> list[Path | WrittenFile]:
     """Write ``state`` into the directory ``path``; every rank calls it (a collective, on
-    ``process_group``, by default the world). Returns the files this rank wrote.
+    ``process_group``, by default the world). Returns the files this rank wrote, each with
+    the SHA-256 of its bytes, taken while writing them.
+
+    ``plan_cache`` names a series of saves of the same state layout (e.g. one strategy's
+    periodic saves): DCP then reuses the save plan of the previous save of the series when no
+    rank's local plan changed, instead of gathering, merging and scattering every rank's plan
+    again (DCP checks the local plans, so a changed layout is planned anew).
 
     The tensors under ``state['state_dict']`` and ``state['optimizer']`` (DTensors are saved
     shard by shard, plain tensors once) go through DCP; rank 0 writes the rest to ``meta.pt``.
@@ -138,16 +231,21 @@ def save_sharded_checkpoint(
     skeleton = {
         k: _split(v, (k,), tensors) if k in _TENSOR_SECTIONS else v for k, v in state.items()
     }
-    writer = _RecordingWriter(path)
+    writer = _RecordingWriter(path, cpu_storages(tensors))
     try:
-        dcp.save(tensors, storage_writer=writer, process_group=process_group)
+        dcp.save(
+            tensors,
+            storage_writer=writer,
+            planner=_save_planner(plan_cache),
+            process_group=process_group,
+        )
     except CheckpointException as exc:  # a BaseException: turn it into an ordinary error
         raise CheckpointError(f"DCP could not save {path}: {exc}") from None
+    written: list[Path | WrittenFile] = list(writer.written)
     rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
     if rank == 0:
-        save_full_checkpoint(skeleton, path / META_FILE)
-        writer.written.append(path / META_FILE)
-    return writer.written
+        written.append(save_full_checkpoint(skeleton, path / META_FILE))
+    return written
 
 
 def _full_tensor(path: tuple[str, ...], shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
