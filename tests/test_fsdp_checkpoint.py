@@ -370,3 +370,31 @@ def _stateless_optimizer_resumes(work_dir):
 def test_a_stateless_optimizer_resumes_in_every_format(tmp_path):
     for lrs in run_distributed(_stateless_optimizer_resumes, 2, str(tmp_path)):
         assert lrs == {fmt: 0.05 for fmt in FORMATS}
+
+
+def _saves_with_a_cached_plan(work_dir):
+    """Two sharded saves by one strategy: the second reuses DCP's save plan, and each
+    checkpoint holds the weights of its own moment."""
+    from torch.distributed.checkpoint.planner import SavePlanner
+
+    strategy, model, wrapper, schedulers = _prepare(work_dir, "sharded")
+    saved = []
+    for name in ("a.pth", "b.pth"):
+        _steps(strategy, model, wrapper, schedulers, range(2))
+        saved.append(full_weights(model))
+        strategy.save_checkpoint(name)
+    keys = [k for k in SavePlanner._cached_save_plan if k.startswith("shardwise:FSDPStrategy@")]
+    loaded = []
+    for name in ("a.pth", "b.pth"):
+        fresh, fresh_model, *_ = _prepare(work_dir, "sharded")
+        fresh.load_checkpoint(name)
+        loaded.append(full_weights(fresh_model))
+    same = [all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(saved, loaded)]
+    differ = any(not torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
+    return {"cached": len(keys), "same": same, "differ": differ}
+
+
+def test_later_sharded_saves_reuse_the_save_plan_and_hold_their_own_state(tmp_path):
+    for result in run_distributed(_saves_with_a_cached_plan, 2, str(tmp_path)):
+        assert result["cached"] == 1  # every rank kept the local plan of this strategy
+        assert result["same"] == [True, True] and result["differ"]

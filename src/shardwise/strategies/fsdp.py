@@ -609,7 +609,8 @@ class FSDPStrategy(BaseStrategy):
     ) -> list[Path | WrittenFile]:
         fmt = self._state_dict.format
         if fmt == "sharded":
-            return save_sharded_checkpoint(state, staging, process_group=group)
+            cache = f"{type(self).__name__}@{id(self):x}:{'async' if group else 'sync'}"
+            return save_sharded_checkpoint(state, staging, process_group=group, plan_cache=cache)
         if fmt == "local":
             return [save_local_checkpoint(state, staging, self.rank)]
         if self.rank != 0:
