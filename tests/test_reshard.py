@@ -165,6 +165,33 @@ def _resume_on_one_rank(work_dir):
     return out
 
 
+def _counting_reads(counter):
+    """Count the bytes every DCP record view hands out (``counter['bytes']``)."""
+    from shardwise.checkpoint.safe_dcp import SafeFileSystemReader
+
+    original = SafeFileSystemReader._slice_file
+
+    def counted(self, stream, info):
+        view = original(self, stream, info)
+        read, readinto = view.read, view.readinto
+
+        def count_read(size=-1):
+            data = read(size)
+            counter["bytes"] += len(data)
+            return data
+
+        def count_readinto(buffer):
+            n = readinto(buffer)
+            counter["bytes"] += n or 0
+            return n
+
+        view.read, view.readinto = count_read, count_readinto
+        return view
+
+    SafeFileSystemReader._slice_file = counted
+    return lambda: setattr(SafeFileSystemReader, "_slice_file", original)
+
+
 def _resume_on_two_ranks(work_dir):
     out = {}
     for name in ("fsdp1", "single"):
@@ -262,6 +289,46 @@ def _save_sharded(work_dir, name):
 def _resume_sharded(work_dir, name):
     strategy, model, wrapper = _fsdp(work_dir)
     return _resume(strategy, model, wrapper, name)
+
+
+def _wide_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(4)))
+
+
+def _save_wide(work_dir):
+    strategy = FSDPStrategy(
+        work_dir=work_dir, model_wrapper=dict(auto_wrap_policy={torch.nn.Linear})
+    )
+    model, wrapper = strategy.prepare(_wide_model(), optim_wrapper=OPTIM)
+    wrapper.update_params(model(torch.randn(8, 256)).square().mean())
+    strategy.save_checkpoint("wide.ckpt")
+    return _state(model, wrapper)
+
+
+def _resume_wide_counting_reads(work_dir):
+    strategy = FSDPStrategy(
+        work_dir=work_dir, model_wrapper=dict(auto_wrap_policy={torch.nn.Linear})
+    )
+    model, wrapper = strategy.prepare(_wide_model(), optim_wrapper=OPTIM)
+    counter = {"bytes": 0}
+    restore = _counting_reads(counter)
+    try:
+        strategy.resume("wide.ckpt")
+    finally:
+        restore()
+    return counter["bytes"], _state(model, wrapper)
+
+
+def test_each_of_more_ranks_reads_only_its_part_of_the_stored_tensors(tmp_path):
+    saved = run_distributed(_save_wide, 1, str(tmp_path))[0]
+    stored = sum(p.stat().st_size for p in (tmp_path / "wide.ckpt").glob("*.distcp"))
+    for read, state in run_distributed(_resume_wide_counting_reads, 2, str(tmp_path)):
+        # DCP's own reader hands every rank each stored record whole: all of the bytes
+        assert 0.45 * stored < read < 0.55 * stored, (read, stored)
+        assert all(torch.equal(v, saved["weights"][k]) for k, v in state["weights"].items())
+        for name, per_param in state["optimizer"].items():
+            assert all(torch.equal(v, saved["optimizer"][name][k]) for k, v in per_param.items())
 
 
 @pytest.mark.slow

@@ -55,3 +55,20 @@ def test_pickled_objects_indexed_by_dcp_are_refused(tmp_path):
             storage_reader=SafeFileSystemReader(tmp_path / "ckpt"),
             no_dist=True,
         )
+
+
+@pytest.mark.parametrize(
+    "shape, offsets, lengths, run",
+    [
+        ((6, 4), (2, 0), (3, 4), (8, 12)),  # rows: FSDP's dim-0 shard
+        ((6, 4), (0, 0), (6, 4), (0, 24)),  # the whole tensor
+        ((1, 6, 4), (0, 3, 0), (1, 2, 4), (12, 8)),  # leading dims of size 1
+        ((6, 4), (0, 1), (6, 2), None),  # columns: strided, read whole and narrowed
+        ((2, 6, 4), (0, 2, 0), (2, 2, 4), None),  # a slab of each of two blocks
+    ],
+)
+def test_only_a_contiguous_slice_is_read_by_its_byte_range(shape, offsets, lengths, run):
+    from shardwise.checkpoint.safe_dcp import _contiguous_run
+
+    stored = torch.empty(shape, device="meta")
+    assert _contiguous_run(stored, offsets, lengths) == run
