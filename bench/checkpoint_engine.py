@@ -1,0 +1,282 @@
+"""The checkpoint engine's three figures at over 1 GB of state (model + AdamW), on CPU/gloo.
+
+The 100M preset (99M parameters: 0.4 GB of weights, 1.2 GB with AdamW's two moments) is
+trained one step by ``FSDPStrategy(state_dict_cfg='sharded')`` on 2 ranks, then:
+
+1. **async blocking**: ``save_checkpoint(async_save=True)`` until it returns (training is
+   blocked that long) against a synchronous save of the same state, alternating, after one
+   untimed asynchronous save (it creates the checkpoint's gloo group and the host buffers
+   later saves refill). Every repeat counts the slower rank. Target: at most 10%.
+2. **sharded save throughput**: a synchronous ``save_checkpoint`` (DCP shards, meta.pt,
+   manifest with SHA-256 of every file, commit by rename) against every rank ``torch.save``-ing
+   the same local tensors (its shards of the weights and of the optimizer state) into its own
+   file and fsync'ing it, both ranks at once. Target: at least 0.8x the throughput. Beside it,
+   raw ``dcp.save`` of ``get_state_dict`` of the same model and optimizer: the share of the
+   gap that is DCP's own.
+3. **resharded load**: ``resume`` (weights, optimizer, schedulers, RNG) of a checkpoint saved on
+   a different number of ranks against one saved on the same number, page cache evicted
+   before each: on 2 ranks (saved on 1 against saved on 2) and on 1 rank (saved on 2 against
+   saved on 1). Target: at most 1.2x.
+
+Contenders alternate (ABBA...) with ``os.sync()`` between them; the figure is the median of
+the per-repeat ratios (the disk is shared: whole repeats move together), best times beside.
+
+    python bench/checkpoint_engine.py            # ~1.5 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    GB,
+    dcp_save,
+    drop_file_cache,
+    fsdp_strategy_class,
+    init_gloo,
+    median,
+    out_of_time,
+    path_bytes,
+    profile_call,
+    quiet_shardwise_logs,
+    run_ranks,
+    section_main,
+)
+
+SIZE = "100M"
+LR = 3e-4
+TARGETS = {"async_blocked_vs_sync": 0.10, "save_throughput_vs_torch": 0.8, "reshard_load": 1.2}
+
+
+def _repeats(quick: bool) -> int:
+    return 4 if quick else 8
+
+
+# ----------------------------------------------------------------------------- in the ranks
+def _setup(work_dir: str):
+    """FSDPStrategy (sharded checkpoints) with the 100M model trained one step."""
+    import torch.distributed as dist
+    from _models import block_class, build_gpt, loss_of, make_batches
+
+    quiet_shardwise_logs()
+    init_gloo()
+    FSDPStrategy, why = fsdp_strategy_class()
+    if FSDPStrategy is None:
+        raise RuntimeError(f"FSDPStrategy is not available: {why}")
+    strategy = FSDPStrategy(
+        work_dir=work_dir,
+        env_kwargs=dict(randomness=dict(seed=0)),
+        model_wrapper=dict(auto_wrap_policy={block_class()}),
+        state_dict_cfg="sharded",
+    )
+    model, optim_wrapper = strategy.prepare(
+        build_gpt(SIZE), optim_wrapper=dict(optimizer=dict(type="AdamW", lr=LR))
+    )
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    optim_wrapper.update_params(loss_of(model, make_batches(1, 2, SIZE, seed=rank)[0]))
+    return strategy
+
+
+def _local_tensors(strategy) -> dict[str, Any]:
+    """This rank's shards of the weights and the optimizer state, as plain tensors."""
+    from torch.distributed.tensor import DTensor
+
+    local = {}
+
+    def add(prefix: str, tree: Any) -> None:
+        if isinstance(tree, dict):
+            for k, v in tree.items():
+                add(f"{prefix}/{k}", v)
+        elif hasattr(tree, "untyped_storage"):
+            local[prefix] = tree.to_local() if isinstance(tree, DTensor) else tree
+
+    add("model", strategy.model_state_dict())
+    add("optim", strategy.optim_state_dict()["state"])
+    return local
+
+
+def _torch_save(tensors: dict[str, Any], path: Path) -> None:
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(tensors, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _collect(runs: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Every repeat's slowest rank (training goes on at the pace of the slowest)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return runs
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, runs)
+    return {k: [max(r[k][i] for r in every) for i in range(len(v))] for k, v in runs.items()}
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def save_case(work_dir: str, repeats: int, keep: str) -> dict[str, Any]:
+    """On 2 ranks: sync against async (blocked) against torch.save of the local tensors; then
+    saves ``keep`` (the 2-rank checkpoint the load cases read)."""
+    import torch.distributed as dist
+
+    strategy = _setup(work_dir)
+    rank, work = dist.get_rank(), Path(work_dir)
+    local = _local_tensors(strategy)
+    local_bytes = sum(t.numel() * t.element_size() for t in local.values())
+    strategy.save_checkpoint(work / "warmup", async_save=True)  # gloo group, host buffers
+    strategy.wait_for_checkpoint()
+
+    def sync(path: Path) -> float:
+        start = time.perf_counter()
+        strategy.save_checkpoint(path, async_save=False)
+        return time.perf_counter() - start
+
+    def blocked(path: Path) -> float:
+        start = time.perf_counter()
+        strategy.save_checkpoint(path, async_save=True)
+        seconds = time.perf_counter() - start
+        strategy.wait_for_checkpoint()
+        return seconds
+
+    def plain(path: Path) -> float:
+        if rank == 0:
+            path.mkdir()
+        dist.barrier()
+        start = time.perf_counter()
+        _torch_save(local, path / f"rank{rank}.pt")
+        return time.perf_counter() - start
+
+    def raw_dcp(path: Path) -> float:
+        start = time.perf_counter()
+        dcp_save(strategy.model, strategy.optim_wrapper.optimizer, path)
+        return time.perf_counter() - start
+
+    contenders = {"sync": sync, "async blocked": blocked, "torch.save": plain, "dcp.save": raw_dcp}
+    runs: dict[str, list[float]] = {name: [] for name in contenders}
+    sizes: dict[str, int] = {}
+    for r in range(repeats):
+        names = list(contenders)
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            path = work / f"{name.replace(' ', '_').replace('.', '_')}_{r}"
+            dist.barrier()
+            runs[name].append(contenders[name](path))
+            dist.barrier()
+            if rank == 0:
+                sizes[name] = path_bytes(path)
+                os.sync()
+                _remove(path)
+    profile = profile_call(lambda: strategy.save_checkpoint(work / "profiled", async_save=False))
+    strategy.save_checkpoint(keep)
+    return {
+        "runs_s": _collect(runs),
+        "bytes": sizes,
+        "local_bytes": _collect({"b": [float(local_bytes)]})["b"][0],
+        "profile": profile,
+    }
+
+
+def save_one_rank(work_dir: str, keep: str) -> dict[str, Any]:
+    """On 1 rank: the 1-rank checkpoint the load cases read."""
+    _setup(work_dir).save_checkpoint(keep)
+    return {"bytes": path_bytes(keep)}
+
+
+def load_case(work_dir: str, repeats: int, same: str, other: str) -> dict[str, Any]:
+    """``resume`` of the checkpoint saved on this number of ranks (``same``) against one saved
+    on another (``other``), page cache evicted before each."""
+    import torch.distributed as dist
+
+    strategy = _setup(work_dir)
+    distributed = dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
+    runs: dict[str, list[float]] = {"same": [], "resharded": []}
+    for r in range(repeats):
+        order = [("same", same), ("resharded", other)]
+        for name, path in order[r % 2 :] + order[: r % 2]:
+            if rank == 0:
+                drop_file_cache(path)
+            if distributed:
+                dist.barrier()
+            start = time.perf_counter()
+            strategy.resume(path)
+            runs[name].append(time.perf_counter() - start)
+    return {"runs_s": _collect(runs)}
+
+
+# ----------------------------------------------------------------------------- the driver
+def _per_repeat(runs: dict[str, list[float]], a: str, b: str) -> dict[str, Any]:
+    ratios = [x / y for x, y in zip(runs[a], runs[b])]
+    return {
+        "ratio": median(ratios),
+        "ratios": ratios,
+        a: min(runs[a]),
+        b: min(runs[b]),
+        f"{a} median": median(runs[a]),
+        f"{b} median": median(runs[b]),
+    }
+
+
+def run(quick: bool = True) -> dict[str, Any]:
+    from _models import count_params
+
+    FSDPStrategy, why = fsdp_strategy_class()
+    if FSDPStrategy is None:
+        return {"status": "not available", "reason": why}
+    skipped = out_of_time(60)
+    if skipped:
+        return skipped
+    repeats = _repeats(quick)
+    out: dict[str, Any] = {"model": SIZE, "model_params": count_params(SIZE), "targets": TARGETS}
+    root = Path(tempfile.mkdtemp(prefix="shardwise-bench-engine-"))
+    try:
+        two, one = str(root / "saved_on_2"), str(root / "saved_on_1")
+        kw = dict(work_dir=str(root / "work2"), repeats=repeats, keep=two)
+        save = run_ranks("checkpoint_engine:save_case", 2, kw, timeout=900)[0]
+        run_ranks("checkpoint_engine:save_one_rank", 1, dict(work_dir=str(root / "w1"), keep=one))
+        load2 = run_ranks(
+            "checkpoint_engine:load_case",
+            2,
+            dict(work_dir=str(root / "l2"), repeats=repeats, same=two, other=one),
+        )[0]
+        load1 = run_ranks(
+            "checkpoint_engine:load_case",
+            1,
+            dict(work_dir=str(root / "l1"), repeats=repeats, same=one, other=two),
+        )[0]
+        checkpoint_bytes = path_bytes(two)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    runs = save["runs_s"]
+    out.update(
+        checkpoint_gb=checkpoint_bytes / GB,
+        local_gb_per_rank=save["local_bytes"] / GB,
+        bytes=save["bytes"],
+        async_blocked=_per_repeat(runs, "async blocked", "sync"),
+        sync_vs_torch_save=_per_repeat(runs, "sync", "torch.save"),
+        sync_vs_dcp=_per_repeat(runs, "sync", "dcp.save"),
+        dcp_vs_torch_save=_per_repeat(runs, "dcp.save", "torch.save"),
+        reshard_on_2=_per_repeat(load2["runs_s"], "resharded", "same"),
+        reshard_on_1=_per_repeat(load1["runs_s"], "resharded", "same"),
+        save_profile=save["profile"],
+        runs_s=runs,
+    )
+    # throughput ratio: torch.save's time over shardwise's (same bytes per rank)
+    out["sync_vs_torch_save"]["throughput_ratio"] = 1 / out["sync_vs_torch_save"]["ratio"]
+    return out
+
+
+if __name__ == "__main__":
+    section_main("checkpoint_engine", run)
