@@ -8,7 +8,7 @@ trained one step by ``FSDPStrategy(state_dict_cfg='sharded')`` on 2 ranks, then:
    untimed asynchronous save (it creates the checkpoint's gloo group and the host buffers
    later saves refill). Every repeat counts the slower rank. Target: at most 10%.
 2. **sharded save throughput**: a synchronous ``save_checkpoint`` (DCP shards, meta.pt,
-   manifest with SHA-256 of every file, commit by rename) against every rank ``torch.save``-ing
+   manifest with the CRC-32 of every file, commit by rename) against every rank ``torch.save``-ing
    the same local tensors (its shards of the weights and of the optimizer state) into its own
    file and fsync'ing it, both ranks at once. Target: at least 0.8x the throughput. Beside it,
    raw ``dcp.save`` of ``get_state_dict`` of the same model and optimizer: the share of the

@@ -443,11 +443,11 @@ def memory_full_case(size: str, work_dir: str) -> dict[str, Any]:
         )
     )
     # Where the export's memory goes: the manifest hashes the written file back in chunks.
-    from shardwise.checkpoint.manifest import file_sha256
+    from shardwise.checkpoint.manifest import file_checksum
 
     exported = work / "export.safetensors"
-    peaks["export part: file_sha256 of the exported file (its manifest)"] = _peak_extra(
-        lambda: file_sha256(exported)
+    peaks["export part: file_checksum of the exported file (its manifest)"] = _peak_extra(
+        lambda: file_checksum(exported)
     )
     try:
         from safetensors.torch import save_file

@@ -646,10 +646,10 @@ def _export_row(rep: Report, mem: dict[str, Any]) -> list[str]:
     ok = mine is not None and mine <= largest + 0.01 * model
     if mine is not None and not ok:
         parts = {k[13:]: v for k, v in peaks.items() if k.startswith("export part: ")}
-        hashing = next((v for k, v in parts.items() if k.startswith("file_sha256")), None)
+        hashing = next((v for k, v in parts.items() if k.startswith("file_checksum")), None)
         reason = (
             f"measured in the same process, hashing the exported file for its manifest "
-            f"(`file_sha256`, which reads it back through an 8 MiB buffer) alone adds "
+            f"(`file_checksum`, which reads it back through a 1 MiB buffer) alone adds "
             f"{_mb(hashing)}: the peak is that fixed buffer, not the tensors (it does not grow "
             "with the model)"
             if hashing is not None and hashing >= 0.9 * mine

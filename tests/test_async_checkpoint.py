@@ -82,15 +82,15 @@ def _count_hashing(strategy, model, wrapper, work_dir):
     """Save synchronously; which files did this rank hash for the manifest?"""
     from shardwise.checkpoint import manifest
 
-    hashed, original = [], manifest.file_sha256
+    hashed, original = [], manifest.file_checksum
 
     def counting(path, on_bytes=None):
         hashed.append(Path(path).name)
         return original(path, on_bytes)
 
-    manifest.file_sha256 = counting
+    manifest.file_checksum = counting
     strategy.save_checkpoint("hashed.ckpt", async_save=False)
-    manifest.file_sha256 = original
+    manifest.file_checksum = original
     return sorted(hashed), verify_manifest(Path(work_dir, "hashed.ckpt"))
 
 

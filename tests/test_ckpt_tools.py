@@ -378,7 +378,7 @@ def test_verify_fails_naming_a_full_file_with_one_flipped_byte(manifest, full_ck
     _flip_byte(full_ckpt, _tensor_data_offset(full_ckpt))
     code, _, err = _run(capsys, "verify", full_ckpt)
     assert code == 1 and f"FAILED {full_ckpt}:" in err
-    assert ("SHA-256" if manifest else "record 'data/") in err
+    assert ("CRC-32" if manifest else "record 'data/") in err
 
 
 @pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "crc-only"])
@@ -499,3 +499,21 @@ def test_a_directory_that_is_no_checkpoint_is_named(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("hello")
     code, _, err = _run(capsys, "inspect", tmp_path)
     assert code == 1 and "is a directory but not a checkpoint" in err
+
+
+def test_a_manifest_recorded_with_sha256_by_an_earlier_version_still_verifies(tmp_path):
+    import hashlib
+    import json
+
+    from shardwise.checkpoint.manifest import verify_manifest
+
+    path = tmp_path / "old.pth"
+    torch.save({"state_dict": {"w": torch.arange(10.0)}}, path)
+    entry = {"size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    manifest = {"manifest_version": 1, "algorithm": "sha256", "files": {"old.pth": entry}}
+    (tmp_path / "old.pth.manifest.json").write_text(json.dumps(manifest))
+    assert verify_manifest(path) == []
+    data = bytearray(path.read_bytes())
+    data[-30] ^= 1
+    path.write_bytes(bytes(data))
+    assert "SHA-256" in str(verify_manifest(path)[0])

@@ -78,7 +78,7 @@ def add_ckpt_parser(sub: argparse._SubParsersAction) -> None:
         "verify",
         help="check a checkpoint's files, checksums and metadata",
         description="Check that every file of a checkpoint is present with the size and "
-        "SHA-256 its manifest recorded at save time, and that its metadata is consistent "
+        "checksum its manifest recorded at save time, and that its metadata is consistent "
         "(e.g. every file DCP's .metadata refers to exists). Without a manifest only the "
         "structural checks run. Exits 1 naming each bad file.",
     )

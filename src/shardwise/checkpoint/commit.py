@@ -2,7 +2,7 @@
 
 Every rank writes under a staging name beside the final name (``.NAME.partial``). When all
 ranks have finished, they agree (one collective that also carries any rank's error and the
-SHA-256 of the files it wrote); rank 0 then records the manifest (:mod:`.manifest`), moves the
+checksums of the files it wrote); rank 0 then records the manifest (:mod:`.manifest`), moves the
 staging path into place and updates ``work_dir/last_checkpoint``. A crash at any moment leaves
 the previous checkpoint intact and ``last_checkpoint`` pointing at it; leftovers of an
 interrupted save are removed by the next save into the same folder. A rank that cannot reach
@@ -51,7 +51,7 @@ _REPLACED_SUFFIX = ".replaced"
 _SIDECAR_SUFFIX = ".manifest.json"  # a file checkpoint's manifest: NAME.manifest.json
 
 #: What a rank tells the others when a save ends: its error (a traceback) or None, and the
-#: manifest entries of the files it wrote (``{relative name: {'size', 'sha256'}}``).
+#: manifest entries of the files it wrote (``{relative name: {'size', 'crc32'}}``).
 _Outcome = tuple[str | None, dict[str, dict[str, Any]]]
 
 logger = logging.getLogger(__name__)
@@ -272,11 +272,11 @@ class CheckpointCommit:
         before the agreement, so that rank 0 does not read them again for the manifest. A
         :class:`~shardwise.checkpoint.full.WrittenFile` brings the hash taken while writing."""
         for item in paths:
-            sha256 = getattr(item, "sha256", None)
+            checksum = getattr(item, "checksum", None)
             path = Path(getattr(item, "path", item)).absolute()
             self._written.append(path)
-            if sha256 is not None:
-                self._hashed[path] = sha256
+            if checksum is not None:
+                self._hashed[path] = checksum
 
     def begin(self, error: str | None = None) -> Path:
         """Rank 0 prepares the staging path; every rank learns whether that, or any rank's
@@ -323,7 +323,7 @@ class CheckpointCommit:
         _raise_if_any(commit_errors, committing)
 
     def _digests(self) -> dict[str, dict[str, Any]]:
-        from .manifest import file_sha256
+        from .manifest import ALGORITHM, file_checksum
 
         digests = {}
         for path in self._written:
@@ -331,8 +331,8 @@ class CheckpointCommit:
                 name = self.final.name
             else:
                 name = path.relative_to(self.staging).as_posix()
-            sha256 = self._hashed.get(path) or file_sha256(path)
-            digests[name] = dict(size=path.stat().st_size, sha256=sha256)
+            checksum = self._hashed.get(path) or file_checksum(path)
+            digests[name] = {"size": path.stat().st_size, ALGORITHM: checksum}
         return digests
 
     def __enter__(self) -> Path:

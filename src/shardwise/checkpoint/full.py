@@ -9,7 +9,6 @@ plain module's keys, optimizer state is keyed by parameter name. It loads with
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import queue
@@ -23,6 +22,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from .commit import CheckpointError
+from .manifest import new_checksum
 from .mmengine_compat import mmengine_safe_globals, mmengine_to_plain
 
 __all__ = [
@@ -35,16 +35,17 @@ __all__ = [
 
 
 class WrittenFile(NamedTuple):
-    """A file a save wrote, with the SHA-256 of its bytes taken while writing them."""
+    """A file a save wrote, with the checksum of its bytes (:mod:`.manifest`) taken while
+    writing them."""
 
     path: Path
-    sha256: str
+    checksum: str
 
 
 class HashingWriter:
     """A write-only stream that hashes what passes through it, in a second thread.
 
-    ``hashlib`` releases the GIL, so hashing overlaps the write instead of adding to it. A
+    ``zlib.crc32`` releases the GIL, so checksumming overlaps the write instead of adding to it. A
     chunk that views a tensor's storage is hashed in place (the tensor outlives the save);
     anything else torch hands over (headers, the pickle) may be a buffer it reuses, so it is
     copied first.
@@ -53,7 +54,7 @@ class HashingWriter:
     def __init__(self, f: Any, storages: set[int]) -> None:
         self._f = f
         self._storages = storages
-        self._digest = hashlib.sha256()
+        self._digest = new_checksum()
         self._chunks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._hash, name="shardwise-hash", daemon=True)
@@ -76,7 +77,7 @@ class HashingWriter:
         self._f.flush()
 
     def hexdigest(self) -> str:
-        """Wait for the hashing thread; the SHA-256 of everything written."""
+        """Wait for the hashing thread; the checksum of everything written."""
         self._chunks.put(None)
         self._thread.join()
         if self._error is not None:

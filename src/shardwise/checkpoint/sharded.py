@@ -140,7 +140,7 @@ class _HashingStream:
 
 class _HashingFileSystem(FileSystem):
     """DCP's local file system, hashing every file as it is written (``digests``: path ->
-    SHA-256), so that the manifest needs no second read of the checkpoint."""
+    checksum), so that the manifest needs no second read of the checkpoint."""
 
     def __init__(self, storages: set[int]) -> None:
         super().__init__()
@@ -215,7 +215,7 @@ def save_sharded_checkpoint(
 ) -> list[Path | WrittenFile]:
     """Write ``state`` into the directory ``path``; every rank calls it (a collective, on
     ``process_group``, by default the world). Returns the files this rank wrote, each with
-    the SHA-256 of its bytes, taken while writing them.
+    the checksum of its bytes, taken while writing them.
 
     ``plan_cache`` names a series of saves of the same state layout (e.g. one strategy's
     periodic saves): DCP then reuses the save plan of the previous save of the series when no

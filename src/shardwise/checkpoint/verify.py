@@ -3,7 +3,7 @@
 Two kinds of checks, reported together, each problem naming the file it is about:
 
 - against the manifest recorded at save time (:mod:`shardwise.checkpoint.manifest`): each
-  listed file exists with its recorded size and SHA-256;
+  listed file exists with its recorded size and checksum;
 - structural, from the checkpoint itself: a full file's zip archive and pickle read, and
   (without a manifest) every stored record passes its CRC-32; every data file a sharded
   checkpoint's ``.metadata`` refers to exists and is long enough, ``meta.pt`` reads and
