@@ -42,6 +42,9 @@ class WrittenFile(NamedTuple):
     checksum: str
 
 
+_SMALL = 64 << 10
+
+
 class HashingWriter:
     """A write-only stream that hashes what passes through it, in a second thread.
 
@@ -69,8 +72,11 @@ class HashingWriter:
 
     def write(self, data: Any) -> int:
         view = memoryview(data)
-        address = np.frombuffer(view, dtype=np.uint8).ctypes.data if view.nbytes else 0
-        self._chunks.put(view if address in self._storages else bytes(view))
+        if view.nbytes < _SMALL:  # headers, pickles: copying is cheaper than looking
+            self._chunks.put(bytes(view))
+        else:
+            address = np.frombuffer(view, dtype=np.uint8).ctypes.data
+            self._chunks.put(view if address in self._storages else bytes(view))
         return self._f.write(view)
 
     def flush(self) -> None:
