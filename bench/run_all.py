@@ -702,7 +702,9 @@ def write_scale(rep: Report, res: dict[str, Any]) -> None:
         return
     rep.add(
         f"Batch {res['batch']}×64 tokens per rank, AdamW, one thread per rank (4 ranks share "
-        "this machine's cores, so world size 4 is oversubscribed). Step: median of the timed "
+        "this machine's cores, so world size 4 is oversubscribed); 1B rows: batch 1×64 and "
+        "plain SGD, their checkpoints hold the weights alone (AdamW's moments would take the "
+        "state past this machine's memory). Step: median of the timed "
         "steps (3 at 10M, 2 at 100M on ≤ 2 ranks, else 1; after one warm-up), raw loop "
         "interleaved: an indication only; section 1 is the precise overhead figure. Save: "
         "best of the repeats, against "

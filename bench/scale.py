@@ -1,11 +1,14 @@
 """Scale: how step, save and load times grow with the model size and the world size.
 
-Sizes: 10M and 100M parameters (``--quick``), and 1B (``--full``). World sizes 1, 2, 4:
+Sizes: 10M, 100M and 1B parameters. World sizes 1, 2, 4:
 one process with ``SingleDeviceStrategy`` (full checkpoint), ``DDPStrategy`` on 2 and 4 ranks
 (full checkpoint, written by rank 0) and ``FSDPStrategy`` on 2 and 4 ranks (sharded checkpoint,
 model built on the meta device and initialised shard by shard), one intra-op thread per rank.
 Note that this machine's cores bound it: 4 ranks share 2 cores. ``--quick`` (``make bench``,
-10 minutes in all) leaves out 100M on 4 ranks, which alone takes minutes here.
+10 minutes in all) leaves out 100M on 4 ranks, which alone takes minutes here, and runs 1B on
+FSDP with 2 ranks only. The 1B rows train with plain SGD: AdamW's two moments would take the
+state to 18 GB, more than this machine's 24 GB leave to a run, so their checkpoints hold the
+weights alone (4 bytes per parameter against AdamW's 12), and they run without the raw copy.
 
 Every figure has its baseline from the same processes: the step against the raw PyTorch loop
 (plain module / ``DistributedDataParallel`` / ``fully_shard``, interleaved), the save against
@@ -51,20 +54,32 @@ BATCH = 2
 CHART = BENCH / "scale.png"
 
 
-def _plan(quick: bool) -> tuple[list[str], list[tuple[str, int]]]:
-    sizes = ["10M", "100M"] if quick else ["10M", "100M", "1B"]
-    layouts = [("single", 1), ("ddp", 2), ("fsdp", 2), ("ddp", 4), ("fsdp", 4)]
-    return sizes, layouts
+LAYOUTS = [("single", 1), ("ddp", 2), ("fsdp", 2), ("ddp", 4), ("fsdp", 4)]
+
+
+def _plan(quick: bool) -> list[tuple[str, str, int]]:
+    """``(size, strategy, world size)`` of every row."""
+    rows = [(size, kind, n) for size in ("10M", "100M") for kind, n in LAYOUTS]
+    return rows + [("1B", "fsdp", 2)] if quick else rows + [("1B", k, n) for k, n in LAYOUTS]
+
+
+def _optimizer(params: int) -> str:
+    return "SGD" if params > 5e8 else "AdamW"  # see the module docstring
+
+
+def _batch(params: int) -> int:
+    return 1 if params > 5e8 else BATCH  # a 1B step on 2 cores: ~25 s per sequence
 
 
 def _memory_plan(params: int, kind: str, world_size: int) -> tuple[bool, str | None]:
     """``(with_raw, skip_reason)`` from an estimate of the bytes all ranks together need:
-    per replica 16 bytes/parameter (fp32 weights, gradients, AdamW's two moments), once for
-    shardwise and once for the raw copy, plus a full checkpoint read on every rank (12
-    bytes/parameter) unless sharded."""
+    per replica 16 bytes/parameter (fp32 weights, gradients, AdamW's two moments; 8 with
+    SGD), once for shardwise and once for the raw copy, plus a full checkpoint read on every
+    rank (12 bytes/parameter, 4 with SGD) unless sharded."""
     available = (_meminfo_kb("MemAvailable") or 0) * 1024 * 0.7
-    per_copy = 16 * params * (1 if kind == "fsdp" else world_size)
-    load = 0 if kind == "fsdp" else 12 * params * world_size
+    adamw = _optimizer(params) == "AdamW"
+    per_copy = (16 if adamw else 8) * params * (1 if kind == "fsdp" else world_size)
+    load = 0 if kind == "fsdp" else (12 if adamw else 4) * params * world_size
     if 2 * per_copy + load <= available:
         return True, None
     if per_copy + load <= available:
@@ -79,7 +94,7 @@ def _memory_plan(params: int, kind: str, world_size: int) -> tuple[bool, str | N
 def _cost_guess(params: int, kind: str, world_size: int) -> float:
     """Seconds a configuration took on the 2-core machine of RESULTS.md (roughly)."""
     per_100m = {"single": 12, "ddp": 30, "fsdp": 25}[kind] * (1.5 if world_size == 4 else 1)
-    return 6 + per_100m * params / 1e8
+    return 6 + per_100m * params / 1e8 / (3 if params > 5e8 else 1)  # 1B: batch 1, SGD
 
 
 # ----------------------------------------------------------------------------- rank side
@@ -88,7 +103,7 @@ def scale_case(size: str, kind: str, work_dir: str, with_raw: bool, steps: int, 
     floor, resume vs the disk's read floor."""
     import torch
     import torch.distributed as dist
-    from _models import block_class, build_gpt, loss_of, make_batches
+    from _models import block_class, build_gpt, count_params, loss_of, make_batches
 
     from shardwise.strategies import DDPStrategy, SingleDeviceStrategy
 
@@ -103,7 +118,9 @@ def scale_case(size: str, kind: str, work_dir: str, with_raw: bool, steps: int, 
             dist.barrier()
 
     env_kwargs = dict(randomness=dict(seed=0))
-    optim_cfg = dict(optimizer=dict(type="AdamW", lr=LR))
+    params = count_params(size)
+    optimizer = _optimizer(params)
+    optim_cfg = dict(optimizer=dict(type=optimizer, lr=LR))
     start = time.perf_counter()
     if kind == "fsdp":
         FSDPStrategy, _ = fsdp_strategy_class()
@@ -122,7 +139,7 @@ def scale_case(size: str, kind: str, work_dir: str, with_raw: bool, steps: int, 
     sw_model, optim_wrapper = strategy.prepare(model, optim_wrapper=optim_cfg)
     barrier()
     prepare_s = time.perf_counter() - start
-    batches = make_batches(4, BATCH, size, seed=1 + rank)
+    batches = make_batches(4, _batch(params), size, seed=1 + rank)
 
     def shardwise_step(i: int) -> None:
         with optim_wrapper.optim_context(sw_model):
@@ -138,7 +155,7 @@ def scale_case(size: str, kind: str, work_dir: str, with_raw: bool, steps: int, 
             raw_model = DistributedDataParallel(raw_model)
         elif kind == "fsdp":
             fully_shard_blocks(raw_model, block_class())
-        raw_opt = torch.optim.AdamW(raw_model.parameters(), lr=LR)
+        raw_opt = getattr(torch.optim, optimizer)(raw_model.parameters(), lr=LR)
 
         def raw_step(i: int) -> None:
             loss_of(raw_model, batches[i % len(batches)]).backward()
@@ -194,6 +211,7 @@ def scale_case(size: str, kind: str, work_dir: str, with_raw: bool, steps: int, 
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     return {
         "rank": rank,
+        "optimizer": optimizer,
         "prepare_s": prepare_s,
         "step_s": {k: median(v) for k, v in times.items()},
         "step_runs_s": times,
@@ -241,72 +259,76 @@ def _peak_rss_gb() -> float:
 def run(quick: bool = True) -> dict[str, Any]:
     from _models import count_params
 
-    sizes, layouts = _plan(quick)
     FSDPStrategy, why = fsdp_strategy_class()
     rows: list[dict[str, Any]] = []
-    for size in sizes:
+    for size, kind, world_size in _plan(quick):
         params = count_params(size)
-        for kind, world_size in layouts:
-            row: dict[str, Any] = {
-                "size": size,
-                "params": params,
-                "strategy": kind,
-                "world_size": world_size,
-            }
-            rows.append(row)
-            if kind == "fsdp" and FSDPStrategy is None:
-                row.update(status="not available", reason=why)
-                continue
-            with_raw, skip = _memory_plan(params, kind, world_size)
-            if skip:
-                row.update(status="skipped", reason=skip)
-                continue
-            if quick and world_size == 4 and params > 5e7:
-                # 4 ranks of 100M on 2 cores take minutes: `make bench` has 10 in all
-                row.update(status="not run", reason="quick mode (time); --full runs it")
-                continue
-            late = out_of_time(_cost_guess(params, kind, world_size))
-            if late:
-                row.update(late)
-                continue
-            steps = 3 if params < 5e7 else (2 if world_size <= 2 and params < 5e8 else 1)
-            saves = 2 if params < 5e7 else 1
-            work_dir = tempfile.mkdtemp(prefix="shardwise-bench-scale-")
-            try:
-                results = run_ranks(
-                    "scale:scale_case",
-                    world_size,
-                    dict(
-                        size=size,
-                        kind=kind,
-                        work_dir=work_dir,
-                        with_raw=with_raw,
-                        steps=steps,
-                        saves=saves,
-                    ),
-                    timeout=1800 if params > 5e8 else 600,
-                )
-                r0 = results[0]
-                row.update(
-                    status="ok",
+        row: dict[str, Any] = {
+            "size": size,
+            "params": params,
+            "strategy": kind,
+            "world_size": world_size,
+        }
+        rows.append(row)
+        if kind == "fsdp" and FSDPStrategy is None:
+            row.update(status="not available", reason=why)
+            continue
+        with_raw, skip = _memory_plan(params, kind, world_size)
+        if skip:
+            row.update(status="skipped", reason=skip)
+            continue
+        if quick and world_size == 4 and params > 5e7:
+            # 4 ranks of 100M on 2 cores take minutes: `make bench` has 10 in all
+            row.update(status="not run", reason="quick mode (time); --full runs it")
+            continue
+        late = out_of_time(_cost_guess(params, kind, world_size))
+        if late:
+            row.update(late)
+            continue
+        raw_note = None
+        if quick and with_raw and params > 5e8:
+            with_raw, raw_note = False, "no raw copy in quick mode (time)"
+        steps = 3 if params < 5e7 else (2 if world_size <= 2 and params < 5e8 else 1)
+        saves = 2 if params < 5e7 else 1
+        work_dir = tempfile.mkdtemp(prefix="shardwise-bench-scale-")
+        try:
+            results = run_ranks(
+                "scale:scale_case",
+                world_size,
+                dict(
+                    size=size,
+                    kind=kind,
+                    work_dir=work_dir,
                     with_raw=with_raw,
-                    prepare_s=r0["prepare_s"],
-                    step_s=r0["step_s"]["shardwise"],
-                    raw_step_s=r0["step_s"].get("raw"),
-                    step_ratio=ratio(r0["step_s"]["shardwise"], r0["step_s"].get("raw")),
-                    save_s=r0["save_s"],
-                    floor_write_s=r0["floor_write_s"],
-                    save_ratio=ratio(r0["save_s"], r0["floor_write_s"]),
-                    load_s=r0["load_s"],
-                    floor_read_s=r0["floor_read_s"],
-                    load_ratio=ratio(r0["load_s"], r0["floor_read_s"]),
-                    ckpt_gb=r0["bytes"] / GB,
-                    peak_rss_gb_per_rank=[r["peak_rss_gb"] for r in results],
-                )
-            except Exception as exc:  # noqa: BLE001 - one configuration's failure is its row
-                row.update(status="error", error=f"{type(exc).__name__}: {exc}")
-            finally:
-                shutil.rmtree(work_dir, ignore_errors=True)
+                    steps=steps,
+                    saves=saves,
+                ),
+                timeout=1800 if params > 5e8 else 600,
+            )
+            r0 = results[0]
+            row.update(
+                status="ok",
+                optimizer=r0["optimizer"],
+                batch=_batch(params),
+                with_raw=with_raw,
+                raw_note=raw_note,
+                prepare_s=r0["prepare_s"],
+                step_s=r0["step_s"]["shardwise"],
+                raw_step_s=r0["step_s"].get("raw"),
+                step_ratio=ratio(r0["step_s"]["shardwise"], r0["step_s"].get("raw")),
+                save_s=r0["save_s"],
+                floor_write_s=r0["floor_write_s"],
+                save_ratio=ratio(r0["save_s"], r0["floor_write_s"]),
+                load_s=r0["load_s"],
+                floor_read_s=r0["floor_read_s"],
+                load_ratio=ratio(r0["load_s"], r0["floor_read_s"]),
+                ckpt_gb=r0["bytes"] / GB,
+                peak_rss_gb_per_rank=[r["peak_rss_gb"] for r in results],
+            )
+        except Exception as exc:  # noqa: BLE001 - one configuration's failure is its row
+            row.update(status="error", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            shutil.rmtree(work_dir, ignore_errors=True)
     chart = _chart(rows)
     return {"batch": BATCH, "rows": rows, "chart": chart}
 
