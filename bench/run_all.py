@@ -28,13 +28,13 @@ from _common import DEADLINE_ENV, machine_info  # noqa: E402
 
 # name -> (seconds reserved for it in --quick, time limit in seconds for --full)
 SECTIONS: dict[str, tuple[int, int]] = {
-    "overhead": (80, 1200),
-    "peer_lightning": (60, 1200),
-    "checkpoint_io": (110, 1800),
-    "checkpoint_engine": (110, 1800),
-    "scale": (200, 5400),
-    "meta_init": (30, 900),
-    "gpu": (10, 1800),
+    "overhead": (40, 1200),
+    "peer_lightning": (50, 1200),
+    "checkpoint_io": (75, 1800),
+    "checkpoint_engine": (85, 1800),
+    "scale": (230, 5400),
+    "meta_init": (15, 900),
+    "gpu": (5, 1800),
 }
 #: `make bench` must finish within 10 minutes on the 2-core machine. A section may run until
 #: the budget's end less the time reserved for the sections after it (so a section's leftover
