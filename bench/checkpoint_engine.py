@@ -179,12 +179,18 @@ def save_case(work_dir: str, repeats: int, keep: str) -> dict[str, Any]:
                 os.sync()
                 _remove(path)
     profile = profile_call(lambda: strategy.save_checkpoint(work / "profiled", async_save=False))
+    dist.barrier()
+    async_profile = profile_call(  # the blocking part: until save_checkpoint returns
+        lambda: strategy.save_checkpoint(work / "profiled_async", async_save=True)
+    )
+    strategy.wait_for_checkpoint()
     strategy.save_checkpoint(keep)
     return {
         "runs_s": _collect(runs),
         "bytes": sizes,
         "local_bytes": _collect({"b": [float(local_bytes)]})["b"][0],
         "profile": profile,
+        "async_profile": async_profile,
     }
 
 
@@ -271,6 +277,7 @@ def run(quick: bool = True) -> dict[str, Any]:
         reshard_on_2=_per_repeat(load2["runs_s"], "resharded", "same"),
         reshard_on_1=_per_repeat(load1["runs_s"], "resharded", "same"),
         save_profile=save["profile"],
+        async_profile=save["async_profile"],
         runs_s=runs,
     )
     # throughput ratio: torch.save's time over shardwise's (same bytes per rank)
