@@ -286,3 +286,20 @@ def test_each_rank_hashes_its_files_while_writing_them_and_reads_none_back(two_r
 def test_async_save_must_be_a_bool(tmp_path):
     with pytest.raises(TypeError, match="async_save must be True or False"):
         SingleDeviceStrategy(work_dir=str(tmp_path), async_save="yes")
+
+
+def test_staging_copies_a_shared_tensor_once_and_keeps_the_containers():
+    from collections import namedtuple
+
+    from shardwise.checkpoint.async_save import AsyncCheckpointer
+
+    Pair = namedtuple("Pair", "count values")
+    tied = torch.randn(3)
+    state = {"embed": tied, "head": tied, "pair": Pair(2, torch.ones(2)), "note": ["x", (1, 2)]}
+    staged = AsyncCheckpointer().stage(state)
+    assert staged["embed"] is staged["head"]  # tied weights stay tied, copied once
+    assert torch.equal(staged["embed"], tied) and staged["embed"].data_ptr() != tied.data_ptr()
+    assert isinstance(staged["pair"], Pair) and torch.equal(staged["pair"].values, torch.ones(2))
+    assert staged["note"] == ["x", (1, 2)]
+    tied.add_(1)  # training goes on: the staged copy does not change
+    assert not torch.equal(staged["embed"], tied)
