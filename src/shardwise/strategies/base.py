@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 import time
@@ -613,8 +614,18 @@ class BaseStrategy:
         self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
     ) -> None:
         """Put an optimizer state keyed by parameter name into ``optimizer``."""
-        options = self._state_dict_options(full_state_dict=holds_tensor_state(state))
+        options = self._optim_load_options(state)
+        if options.full_state_dict and not holds_tensor_state(state):
+            # torch's full-state-dict load needs a tensor (it fails on SGD without momentum);
+            # a state of param_groups alone loads the same as a sharded one
+            options = dataclasses.replace(
+                options, full_state_dict=False, broadcast_from_rank0=False
+            )
         set_optimizer_state_dict(self.model, optimizer, state, options=options)
+
+    def _optim_load_options(self, state: dict[str, Any]) -> StateDictOptions:
+        """How :meth:`_set_optim_state_dict` loads ``state``."""
+        return self._state_dict_options()
 
     def load_scheduler_state_dict(self, state_dict: Any) -> None:
         """Load what :meth:`scheduler_state_dict` returned."""
@@ -997,9 +1008,8 @@ def _contains_built_scheduler(schedulers: Any) -> bool:
 
 
 def holds_tensor_state(optim_state: Mapping[str, Any]) -> bool:
-    """Whether an optimizer state holds per-parameter tensors. torch's full-state-dict load
-    fails without one (a stateless optimizer, e.g. SGD without momentum); loading such a
-    state as a sharded one is the same, as it holds only ``param_groups``."""
+    """Whether an optimizer state holds per-parameter tensors (SGD without momentum does
+    not)."""
     return any(
         isinstance(v, torch.Tensor) and v.dim() > 0
         for per_param in optim_state.get("state", {}).values()

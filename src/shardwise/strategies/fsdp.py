@@ -34,7 +34,6 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     set_model_state_dict,
-    set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
@@ -55,7 +54,7 @@ from shardwise.optim.scheduler import _ParamScheduler
 from shardwise.optim.scheduler.param_scheduler import unwrap_optimizer
 from shardwise.registry import MODEL_WRAPPERS, STRATEGIES
 
-from .base import BaseStrategy, holds_tensor_state
+from .base import BaseStrategy
 from .fsdp_config import (
     DEFAULT_SHARDER_NAMES,
     FSDP1_ONLY_KEYS,
@@ -592,13 +591,8 @@ class FSDPStrategy(BaseStrategy):
         options = self._load_options(state_dict, strict=False)
         set_model_state_dict(self.model, state_dict, options=options)
 
-    def _set_optim_state_dict(
-        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-    ) -> None:
-        options = self._load_options(state["state"])
-        if not holds_tensor_state(state):
-            options = StateDictOptions(full_state_dict=False)
-        set_optimizer_state_dict(self.model, optimizer, state, options=options)
+    def _optim_load_options(self, state: dict[str, Any]) -> StateDictOptions:
+        return self._load_options(state["state"])
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_format(self) -> str:
