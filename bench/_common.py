@@ -455,15 +455,35 @@ def dcp_load(model, optimizer, path: str | os.PathLike[str]) -> None:
     )
 
 
-def fully_shard_blocks(model, block_cls, mesh=None) -> None:
+def fully_shard_blocks(model, block_cls, mesh=None, **kwargs: Any) -> None:
     """``fully_shard`` every ``block_cls`` submodule, then the root (torchtitan's recipe), on
-    ``mesh`` (default: all ranks)."""
+    ``mesh`` (default: all ranks); ``kwargs`` go to ``fully_shard`` (e.g. ``mp_policy``)."""
     from torch.distributed.fsdp import fully_shard
 
     for module in model.modules():
         if isinstance(module, block_cls):
-            fully_shard(module, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+            fully_shard(module, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
+
+
+def gpt_fsdp_strategy(work_dir: str, **kwargs: Any):
+    """shardwise's ``FSDPStrategy`` for a bench rank: the GPT's blocks sharded, seed 0, quiet
+    logs, the process group up (gloo on several ranks). ``kwargs`` go to ``FSDPStrategy``;
+    ``model_wrapper`` entries are added to the block policy."""
+    from _models import block_class
+
+    quiet_shardwise_logs()
+    init_gloo()
+    FSDPStrategy, why = fsdp_strategy_class()
+    if FSDPStrategy is None:
+        raise RuntimeError(f"FSDPStrategy is not available: {why}")
+    wrapper = {"auto_wrap_policy": {block_class()}, **kwargs.pop("model_wrapper", {})}
+    return FSDPStrategy(
+        work_dir=work_dir,
+        env_kwargs=dict(randomness=dict(seed=0)),
+        model_wrapper=wrapper,
+        **kwargs,
+    )
 
 
 def fsdp_strategy_class():

@@ -38,12 +38,11 @@ from _common import (
     dcp_save,
     drop_file_cache,
     fsdp_strategy_class,
-    init_gloo,
+    gpt_fsdp_strategy,
     median,
     out_of_time,
     path_bytes,
     profile_call,
-    quiet_shardwise_logs,
     run_ranks,
     section_main,
 )
@@ -61,19 +60,9 @@ def _repeats(quick: bool) -> int:
 def _setup(work_dir: str):
     """FSDPStrategy (sharded checkpoints) with the 100M model trained one step."""
     import torch.distributed as dist
-    from _models import block_class, build_gpt, loss_of, make_batches
+    from _models import build_gpt, loss_of, make_batches
 
-    quiet_shardwise_logs()
-    init_gloo()
-    FSDPStrategy, why = fsdp_strategy_class()
-    if FSDPStrategy is None:
-        raise RuntimeError(f"FSDPStrategy is not available: {why}")
-    strategy = FSDPStrategy(
-        work_dir=work_dir,
-        env_kwargs=dict(randomness=dict(seed=0)),
-        model_wrapper=dict(auto_wrap_policy={block_class()}),
-        state_dict_cfg="sharded",
-    )
+    strategy = gpt_fsdp_strategy(work_dir, state_dict_cfg="sharded")
     model, optim_wrapper = strategy.prepare(
         build_gpt(SIZE), optim_wrapper=dict(optimizer=dict(type="AdamW", lr=LR))
     )

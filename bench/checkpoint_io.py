@@ -52,7 +52,7 @@ from _common import (
     drop_file_cache,
     fsdp_strategy_class,
     fully_shard_blocks,
-    init_gloo,
+    gpt_fsdp_strategy,
     median,
     out_of_time,
     path_bytes,
@@ -203,20 +203,10 @@ def _fsdp_setup(size: str, work_dir: str, state_dict_cfg: str):
     import torch.distributed as dist
     from _models import block_class, build_gpt, loss_of, make_batches
 
-    quiet_shardwise_logs()
-    init_gloo()
-    FSDPStrategy, why = fsdp_strategy_class()
-    if FSDPStrategy is None:
-        raise RuntimeError(f"FSDPStrategy is not available: {why}")
+    strategy = gpt_fsdp_strategy(work_dir, state_dict_cfg=state_dict_cfg)
     block = block_class()
     base = build_gpt(size)
     batch = make_batches(1, 2, size, seed=dist.get_rank())[0]
-    strategy = FSDPStrategy(
-        work_dir=work_dir,
-        env_kwargs=dict(randomness=dict(seed=0)),
-        model_wrapper=dict(auto_wrap_policy={block}),
-        state_dict_cfg=state_dict_cfg,
-    )
     model, optim_wrapper = strategy.prepare(
         copy.deepcopy(base), optim_wrapper=dict(optimizer=dict(type="AdamW", lr=LR))
     )

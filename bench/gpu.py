@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
-    fsdp_strategy_class,
+    fully_shard_blocks,
+    gpt_fsdp_strategy,
     interleaved_steps,
     median,
     quiet_shardwise_logs,
@@ -81,16 +82,9 @@ def gpu_case(work_dir: str, quick: bool) -> dict[str, Any]:
     device = torch.device("cpu" if on_cpu else "cuda")
     cfg = _config(on_cpu, quick)
     size = cfg["size"]
-    FSDPStrategy, why = fsdp_strategy_class()
-    if FSDPStrategy is None:
-        raise RuntimeError(f"FSDPStrategy is not available: {why}")
-    strategy = FSDPStrategy(
-        work_dir=work_dir,
-        env_kwargs=dict(randomness=dict(seed=0)),
-        model_wrapper=dict(
-            auto_wrap_policy={block_class()},
-            mixed_precision=dict(param_dtype="bf16", reduce_dtype="fp32"),
-        ),
+    strategy = gpt_fsdp_strategy(
+        work_dir,
+        model_wrapper=dict(mixed_precision=dict(param_dtype="bf16", reduce_dtype="fp32")),
         state_dict_cfg="sharded",
         skip_init_weights=True,
     )
@@ -98,7 +92,9 @@ def gpu_case(work_dir: str, quick: bool) -> dict[str, Any]:
         build_gpt(size, device="meta"), optim_wrapper=dict(optimizer=dict(type="AdamW", lr=LR))
     )
     raw = build_gpt(size, device=device)
-    fully_shard_blocks_mp(raw, block_class(), MixedPrecisionPolicy(torch.bfloat16, torch.float32))
+    fully_shard_blocks(
+        raw, block_class(), mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32)
+    )
     raw_opt = torch.optim.AdamW(raw.parameters(), lr=LR)
     batches = [tuple(t.to(device) for t in batch) for batch in make_batches(2, cfg["batch"], size)]
 
@@ -186,16 +182,6 @@ def gpu_case(work_dir: str, quick: bool) -> dict[str, Any]:
     out["checkpoint_runs_s"] = runs
     out["checkpoint_gb"] = sum(t.numel() * t.element_size() for t in local.values()) / 1e9
     return out
-
-
-def fully_shard_blocks_mp(model, block_cls, mp_policy) -> None:
-    """``fully_shard`` every block, then the root, with a mixed-precision policy."""
-    from torch.distributed.fsdp import fully_shard
-
-    for module in model.modules():
-        if isinstance(module, block_cls):
-            fully_shard(module, mp_policy=mp_policy)
-    fully_shard(model, mp_policy=mp_policy)
 
 
 def run(quick: bool = True) -> dict[str, Any]:
