@@ -116,57 +116,76 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def save_case(work_dir: str, repeats: int, keep: str) -> dict[str, Any]:
-    """On 2 ranks: sync against async (blocked) against torch.save of the local tensors; then
-    saves ``keep`` (the 2-rank checkpoint the load cases read)."""
+def time_saves(
+    strategy, local: dict[str, Any], work: Path, repeats: int, extra: dict[str, Any] | None = None
+) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Seconds of a synchronous save, of an asynchronous one until it returns (training is
+    blocked that long) and of every rank ``torch.save``-ing ``local`` into its own file (and
+    of each ``extra`` contender, ``fn(path)``; one that returns seconds times itself),
+    rotating the order every repeat, with ``os.sync()`` and removal in between. Returns every
+    repeat's slowest rank and the bytes each contender wrote (on rank 0)."""
     import torch.distributed as dist
 
-    strategy = _setup(work_dir)
-    rank, work = dist.get_rank(), Path(work_dir)
-    local = _local_tensors(strategy)
-    local_bytes = sum(t.numel() * t.element_size() for t in local.values())
-    strategy.save_checkpoint(work / "warmup", async_save=True)  # gloo group, host buffers
-    strategy.wait_for_checkpoint()
+    distributed = dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
 
-    def sync(path: Path) -> float:
+    def barrier() -> None:
+        if distributed:
+            dist.barrier()
+
+    def plain(path: Path) -> float:
+        if rank == 0:
+            path.mkdir()
+        barrier()
         start = time.perf_counter()
-        strategy.save_checkpoint(path, async_save=False)
+        _torch_save(local, path / f"rank{rank}.pt")
         return time.perf_counter() - start
 
-    def blocked(path: Path) -> float:
+    def sync(path: Path) -> None:
+        strategy.save_checkpoint(path, async_save=False)
+
+    def blocked(path: Path) -> float:  # counted until it returns; then waited for, untimed
         start = time.perf_counter()
         strategy.save_checkpoint(path, async_save=True)
         seconds = time.perf_counter() - start
         strategy.wait_for_checkpoint()
         return seconds
 
-    def plain(path: Path) -> float:
-        if rank == 0:
-            path.mkdir()
-        dist.barrier()
-        start = time.perf_counter()
-        _torch_save(local, path / f"rank{rank}.pt")
-        return time.perf_counter() - start
-
-    def raw_dcp(path: Path) -> float:
-        start = time.perf_counter()
-        dcp_save(strategy.model, strategy.optim_wrapper.optimizer, path)
-        return time.perf_counter() - start
-
-    contenders = {"sync": sync, "async blocked": blocked, "torch.save": plain, "dcp.save": raw_dcp}
+    contenders = {"sync": sync, "async blocked": blocked, "torch.save": plain, **(extra or {})}
     runs: dict[str, list[float]] = {name: [] for name in contenders}
     sizes: dict[str, int] = {}
+    names = list(contenders)
     for r in range(repeats):
-        names = list(contenders)
         for name in names[r % len(names) :] + names[: r % len(names)]:
             path = work / f"{name.replace(' ', '_').replace('.', '_')}_{r}"
-            dist.barrier()
-            runs[name].append(contenders[name](path))
-            dist.barrier()
+            barrier()
+            start = time.perf_counter()
+            seconds = contenders[name](path)
+            runs[name].append(time.perf_counter() - start if seconds is None else seconds)
+            barrier()
             if rank == 0:
                 sizes[name] = path_bytes(path)
                 os.sync()
                 _remove(path)
+    return _collect(runs), sizes
+
+
+def save_case(work_dir: str, repeats: int, keep: str) -> dict[str, Any]:
+    """On 2 ranks: sync against async (blocked) against torch.save of the local tensors; then
+    saves ``keep`` (the 2-rank checkpoint the load cases read)."""
+    import torch.distributed as dist
+
+    strategy = _setup(work_dir)
+    work = Path(work_dir)
+    local = _local_tensors(strategy)
+    local_bytes = sum(t.numel() * t.element_size() for t in local.values())
+    strategy.save_checkpoint(work / "warmup", async_save=True)  # gloo group, host buffers
+    strategy.wait_for_checkpoint()
+
+    def raw_dcp(path: Path) -> None:
+        dcp_save(strategy.model, strategy.optim_wrapper.optimizer, path)
+
+    runs, sizes = time_saves(strategy, local, work, repeats, extra={"dcp.save": raw_dcp})
     profile = profile_call(lambda: strategy.save_checkpoint(work / "profiled", async_save=False))
     dist.barrier()
     async_profile = profile_call(  # the blocking part: until save_checkpoint returns
@@ -175,7 +194,7 @@ def save_case(work_dir: str, repeats: int, keep: str) -> dict[str, Any]:
     strategy.wait_for_checkpoint()
     strategy.save_checkpoint(keep)
     return {
-        "runs_s": _collect(runs),
+        "runs_s": runs,
         "bytes": sizes,
         "local_bytes": _collect({"b": [float(local_bytes)]})["b"][0],
         "profile": profile,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from _common import (
     run_ranks,
     section_main,
 )
-from checkpoint_engine import _local_tensors, _torch_save
+from checkpoint_engine import _local_tensors, time_saves
 
 ON_CPU = "SHARDWISE_BENCH_GPU_ON_CPU"
 LR = 3e-4
@@ -147,38 +146,7 @@ def gpu_case(work_dir: str, quick: bool) -> dict[str, Any]:
     strategy.save_checkpoint(work / "warmup", async_save=True)  # pinned buffers, gloo group
     strategy.wait_for_checkpoint()
 
-    def timed_async(path: Path) -> float:
-        start = time.perf_counter()
-        strategy.save_checkpoint(path, async_save=True)
-        blocked = time.perf_counter() - start
-        strategy.wait_for_checkpoint()
-        return blocked
-
-    def timed(fn) -> Any:
-        def run(path: Path) -> float:
-            start = time.perf_counter()
-            fn(path)
-            return time.perf_counter() - start
-
-        return run
-
-    def plain(path: Path) -> None:
-        path.mkdir()
-        _torch_save(local, path / "rank0.pt")
-
-    contenders = {
-        "sync": timed(lambda p: strategy.save_checkpoint(p, async_save=False)),
-        "async blocked": timed_async,
-        "torch.save": timed(plain),
-    }
-    runs: dict[str, list[float]] = {name: [] for name in contenders}
-    names = list(contenders)
-    for r in range(2 if quick else 4):
-        for name in names[r % 3 :] + names[: r % 3]:
-            path = work / f"{name.replace(' ', '_')}_{r}"
-            runs[name].append(contenders[name](path))
-            os.sync()
-            shutil.rmtree(path, ignore_errors=True)
+    runs, _ = time_saves(strategy, local, work, 2 if quick else 4)
     out["checkpoint_runs_s"] = runs
     out["checkpoint_gb"] = sum(t.numel() * t.element_size() for t in local.values()) / 1e9
     return out
