@@ -9,9 +9,11 @@ plain module's keys, optimizer state is keyed by parameter name. It loads with
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import queue
+import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,20 +45,48 @@ class WrittenFile(NamedTuple):
 
 
 _SMALL = 64 << 10
+#: Bytes written between two requests to start writing them to disk (see ``HashingWriter``).
+WRITEBACK_BYTES = 32 << 20
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _sync_file_range() -> Any:
+    """Linux's ``sync_file_range`` (not in :mod:`os`), or None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+_START_WRITEBACK = _sync_file_range()
 
 
 class HashingWriter:
-    """A write-only stream that hashes what passes through it, in a second thread.
+    """A write-only stream that hashes what passes through it, in a second thread, and has
+    the kernel start writing it to disk as it goes.
 
     ``zlib.crc32`` releases the GIL, so checksumming overlaps the write instead of adding to it. A
     chunk that views a tensor's storage is hashed in place (the tensor outlives the save);
     anything else torch hands over (headers, the pickle) may be a buffer it reuses, so it is
     copied first.
+
+    Every ``WRITEBACK_BYTES`` written to a real file, the kernel is asked to start writing
+    them out (``sync_file_range(SYNC_FILE_RANGE_WRITE)`` on Linux, which does not wait), so
+    that the disk works while torch serializes the rest and the closing ``fsync`` finds little
+    left to write (the technique of RocksDB's ``bytes_per_sync``). The fsync still decides
+    durability; this only moves the disk's work earlier.
     """
 
     def __init__(self, f: Any, storages: set[int]) -> None:
         self._f = f
         self._storages = storages
+        self._fd = _file_descriptor(f) if _START_WRITEBACK is not None else None
+        self._written = self._started = 0
         self._digest = new_checksum()
         self._chunks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._error: BaseException | None = None
@@ -77,7 +107,18 @@ class HashingWriter:
         else:
             address = np.frombuffer(view, dtype=np.uint8).ctypes.data
             self._chunks.put(view if address in self._storages else bytes(view))
-        return self._f.write(view)
+        written = self._f.write(view)
+        self._written += view.nbytes
+        if self._fd is not None and self._written - self._started >= WRITEBACK_BYTES:
+            self._start_writeback()
+        return written
+
+    def _start_writeback(self) -> None:
+        self._f.flush()
+        length = self._written - self._started
+        if _START_WRITEBACK(self._fd, self._started, length, _SYNC_FILE_RANGE_WRITE) != 0:
+            self._fd = None  # not supported here (e.g. a pipe): the fsync does it all
+        self._started = self._written
 
     def flush(self) -> None:
         self._f.flush()
@@ -89,6 +130,15 @@ class HashingWriter:
         if self._error is not None:
             raise self._error
         return self._digest.hexdigest()
+
+
+def _file_descriptor(f: Any) -> int | None:
+    """The descriptor of a regular file opened at its start, else None."""
+    try:
+        fd = f.fileno()
+        return fd if f.tell() == 0 else None
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def cpu_storages(tree: Any) -> set[int]:

@@ -126,15 +126,19 @@ class SafeFileSystemReader(FileSystemReader):
                 )
                 for item in items:
                     target = planner.resolve_tensor(item).detach()
-                    target.copy_(self._read_slice(f, item, little))
+                    self._read_slice(f, item, little, target)
                     planner.commit_tensor(item, target)
         future: Future[None] = Future()
         future.set_result(None)
         return future
 
-    def _read_slice(self, stream: Any, item: ReadItem, little_endian: bool) -> torch.Tensor:
-        """The part of a stored tensor ``item`` asks for: its byte range alone when the record
-        is little-endian and the part is one contiguous run, else the whole record, narrowed."""
+    def _read_slice(
+        self, stream: Any, item: ReadItem, little_endian: bool, target: torch.Tensor
+    ) -> None:
+        """Read the part of a stored tensor ``item`` asks for into ``target``: its byte range
+        alone when the record is little-endian and the part is one contiguous run (straight
+        into ``target``'s memory when it is a contiguous CPU tensor of the stored dtype), else
+        the whole record, narrowed."""
         record = self._slice_file(stream, self.storage_data[item.storage_index])
         stored = torch.load(record, map_location="meta", weights_only=True)
         offset = getattr(stored.untyped_storage(), "_checkpoint_offset", None)
@@ -144,16 +148,21 @@ class SafeFileSystemReader(FileSystemReader):
             whole = torch.load(record, map_location="cpu", weights_only=True)
             for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths)):
                 whole = whole.narrow(dim, start, length)
-            return whole
+            target.copy_(whole)
+            return
         start, count = run
-        data = torch.empty(count, dtype=stored.dtype)
-        raw = memoryview(data.view(torch.uint8).numpy()) if count else memoryview(b"")
+        direct = (
+            target.device.type == "cpu" and target.dtype == stored.dtype and target.is_contiguous()
+        )
+        data = target if direct else torch.empty(count, dtype=stored.dtype)
+        raw = memoryview(data.reshape(-1).view(torch.uint8).numpy()) if count else memoryview(b"")
         record.seek(offset + start * stored.element_size())
         if count and record.readinto(raw) != raw.nbytes:
             raise CheckpointError(
                 f"{self.path}: the record of {item.storage_index.fqn} is truncated"
             )
-        return data.view(item.lengths)
+        if not direct:
+            target.copy_(data.view(item.lengths))
 
 
 def _contiguous_run(
