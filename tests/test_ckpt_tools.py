@@ -17,7 +17,12 @@ import torch
 from shardwise.checkpoint import CheckpointError
 from shardwise.checkpoint.convert import convert_checkpoint
 from shardwise.checkpoint.inspect import inspect_checkpoint
-from shardwise.checkpoint.manifest import manifest_path, verify_manifest, write_manifest
+from shardwise.checkpoint.manifest import (
+    manifest_path,
+    read_manifest,
+    verify_manifest,
+    write_manifest,
+)
 from shardwise.checkpoint.sharded import save_sharded_checkpoint
 from shardwise.checkpoint.verify import verify_checkpoint
 from shardwise.cli import main
@@ -62,6 +67,9 @@ def _fsdp_save(work_dir: str) -> dict[str, torch.Tensor]:
         for buffer in model.buffers():  # BatchNorm statistics differ per rank without SyncBN
             torch.distributed.broadcast(buffer, src=0)
         strategy.save_checkpoint(f"{fmt}.ckpt", extra_ckpt=dict(meta=dict(iter=2)))
+        if fmt == "sharded":  # in the background DCP's records keep torch's CRC-32s
+            strategy.save_checkpoint("sharded_async.ckpt", async_save=True)
+            strategy.wait_for_checkpoint()
     return full_weights(model)
 
 
@@ -383,8 +391,11 @@ def test_verify_fails_naming_a_full_file_with_one_flipped_byte(manifest, full_ck
 
 @pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "crc-only"])
 def test_verify_fails_naming_a_sharded_data_file_with_one_flipped_byte(
-    manifest, sharded_copy, capsys
+    manifest, fsdp_ckpts, tmp_path, capsys
 ):
+    # without a manifest only the records' own CRC-32s can tell: a background save keeps them
+    name = "sharded.ckpt" if manifest else "sharded_async.ckpt"
+    sharded_copy = Path(shutil.copytree(fsdp_ckpts[0] / name, tmp_path / name))
     if manifest:
         write_manifest(sharded_copy)
     else:
@@ -394,6 +405,17 @@ def test_verify_fails_naming_a_sharded_data_file_with_one_flipped_byte(
     code, _, err = _run(capsys, "verify", sharded_copy)
     assert code == 1 and f"FAILED {shard}:" in err
     assert "__0_0.distcp" not in err
+
+
+def test_a_synchronous_sharded_save_leaves_the_records_checksums_to_its_manifest(
+    sharded_copy, capsys
+):
+    records = [name for name in os.listdir(sharded_copy) if name.endswith(".distcp")]
+    assert records and read_manifest(sharded_copy) is not None  # the whole files' CRC-32s
+    assert _run(capsys, "verify", sharded_copy)[0] == 0
+    manifest_path(sharded_copy).unlink()
+    code, out, _ = _run(capsys, "verify", sharded_copy)
+    assert code == 0 and "carry no CRC-32" in out and "their bytes were not checked" in out
 
 
 @pytest.mark.parametrize("deleted", ["__0_0.distcp", "meta.pt", ".metadata"])
