@@ -95,6 +95,9 @@ def _count_hashing(strategy, model, wrapper, work_dir):
 
 
 def _save_in_the_background(work_dir):
+    from shardwise.checkpoint import async_save
+
+    async_save.DEFER_BYTES = 0  # every CPU tensor copied in the background, training fenced
     rank = int(os.environ["RANK"])
     out = {}
     # sharded: the training's collectives run while the save's wait in the background
@@ -303,3 +306,81 @@ def test_staging_copies_a_shared_tensor_once_and_keeps_the_containers():
     assert staged["note"] == ["x", (1, 2)]
     tied.add_(1)  # training goes on: the staged copy does not change
     assert not torch.equal(staged["embed"], tied)
+
+
+# ----------------------------------------------------------------------------- background staging
+def _slow_copies(monkeypatch, checkpointer, seconds=0.5):
+    """Leave every CPU tensor to the background copy, and make that copy start late."""
+    from shardwise.checkpoint import async_save
+
+    monkeypatch.setattr(async_save, "DEFER_BYTES", 0)
+    original = checkpointer._copy_pending
+
+    def slow():
+        time.sleep(seconds)
+        original()
+
+    monkeypatch.setattr(checkpointer, "_copy_pending", slow)
+
+
+def test_training_runs_while_the_state_is_copied_and_the_optimizer_step_waits(
+    tmp_path, monkeypatch
+):
+    strategy = SingleDeviceStrategy(work_dir=str(tmp_path), async_save=True)
+    model, wrapper = strategy.prepare(
+        torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)), optim_wrapper=OPTIM
+    )
+    train_steps(model, wrapper, [], range(2))
+    saved = {k: v.clone() for k, v in strategy.model_state_dict().items()}
+    _slow_copies(monkeypatch, strategy._checkpointer)
+    strategy.save_checkpoint("iter_2.pth")
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    loss = (model(x) - y).pow(2).mean()
+    loss.backward()  # a model without buffers: forward and backward do not wait
+    assert strategy._checkpointer.staging_wait_s == 0.0
+    wrapper.step()  # waits for the copies, then changes the weights
+    assert strategy._checkpointer.staging_wait_s > 0.2
+    assert not _equal(strategy.model_state_dict(), saved)
+    strategy.wait_for_checkpoint()
+    checkpoint = torch.load(tmp_path / "iter_2.pth", weights_only=True)
+    assert _equal(checkpoint["state_dict"], saved)  # the weights of the moment of the save
+
+
+def test_the_forward_of_a_model_with_buffers_waits_for_the_copies(tmp_path, monkeypatch):
+    strategy = SingleDeviceStrategy(work_dir=str(tmp_path), async_save=True)
+    model, wrapper = strategy.prepare(ToyNet(), optim_wrapper=OPTIM)
+    train_steps(model, wrapper, [], range(2))
+    saved = {k: v.clone() for k, v in strategy.model_state_dict().items()}
+    _slow_copies(monkeypatch, strategy._checkpointer)
+    strategy.save_checkpoint("iter_2.pth")
+    model(torch.randn(16, 4))  # BatchNorm updates its running statistics: after the copies
+    assert strategy._checkpointer.staging_wait_s > 0.2
+    assert not torch.equal(model.net[1].running_mean, saved["net.1.running_mean"])
+    strategy.wait_for_checkpoint()
+    checkpoint = torch.load(tmp_path / "iter_2.pth", weights_only=True)
+    assert _equal(checkpoint["state_dict"], saved)
+
+
+def test_a_failed_background_copy_releases_training_and_is_raised_at_the_wait(
+    tmp_path, monkeypatch
+):
+    from shardwise.checkpoint import async_save
+
+    strategy = SingleDeviceStrategy(work_dir=str(tmp_path), async_save=True)
+    model, wrapper = strategy.prepare(ToyNet(), optim_wrapper=OPTIM)
+    strategy.save_checkpoint("good.pth", async_save=False)
+    monkeypatch.setattr(async_save, "DEFER_BYTES", 0)
+    checkpointer = strategy._checkpointer
+    original = checkpointer._copy_pending
+
+    def broken():  # one copy of mismatched sizes among the others
+        checkpointer._pending.insert(0, (torch.empty(1), torch.empty(2)))
+        original()
+
+    monkeypatch.setattr(checkpointer, "_copy_pending", broken)
+    strategy.save_checkpoint("broken.pth")
+    train_steps(model, wrapper, [], range(2))  # neither forward nor the step hangs
+    with pytest.raises(CheckpointError, match="broken.pth"):
+        strategy.wait_for_checkpoint()
+    assert find_last_checkpoint(tmp_path) == str(tmp_path / "good.pth")
+    assert not (tmp_path / "broken.pth").exists()

@@ -1,4 +1,5 @@
-"""The full format's writer: the checksum taken while writing is the file's CRC-32."""
+"""The full format's writer: the checksum taken while writing is the file's CRC-32; the kernel
+is asked to write the file out as it grows."""
 
 import zlib
 
@@ -25,3 +26,28 @@ def test_the_checksum_taken_while_writing_is_the_files_crc32(tmp_path, state):
     assert written.checksum == f"{zlib.crc32((tmp_path / 'ckpt.pth').read_bytes()):08x}"
     loaded = load_full_checkpoint(tmp_path / "ckpt.pth")
     assert loaded.keys() == state.keys()
+
+
+def test_the_writer_has_the_kernel_start_writing_every_so_many_bytes(tmp_path, monkeypatch):
+    from shardwise.checkpoint import full
+
+    if full._START_WRITEBACK is None:
+        pytest.skip("sync_file_range is Linux's")
+    ranges = []
+    original = full._START_WRITEBACK
+
+    def record(fd, offset, length, flags):
+        ranges.append((offset, length))
+        return original(fd, offset, length, flags)
+
+    monkeypatch.setattr(full, "_START_WRITEBACK", record)
+    monkeypatch.setattr(full, "WRITEBACK_BYTES", 1 << 20)
+    state = {"w": [torch.randn(1 << 18) for _ in range(16)]}  # 16 tensors of 1 MiB
+    written = full.save_full_checkpoint(state, tmp_path / "ckpt.pth")
+    size = (tmp_path / "ckpt.pth").stat().st_size
+    assert len(ranges) >= 8 and all(length >= 1 << 20 for _, length in ranges)
+    assert [offset for offset, _ in ranges] == [0] + [o + n for o, n in ranges[:-1]]  # in order
+    assert ranges[-1][0] + ranges[-1][1] <= size
+    assert written.checksum == f"{zlib.crc32((tmp_path / 'ckpt.pth').read_bytes()):08x}"
+    loaded = load_full_checkpoint(tmp_path / "ckpt.pth")["w"]
+    assert all(torch.equal(a, b) for a, b in zip(loaded, state["w"], strict=True))

@@ -2,13 +2,18 @@
 
 A save in the background runs in three steps:
 
-1. (training thread) the state is staged: every tensor copied to host memory (pinned when CUDA
-   is available; DTensors shard by shard) into buffers kept from the previous save, so that
-   training may change the originals at once; then every rank agrees that staging worked and
-   rank 0 prepares the staging path (:meth:`CheckpointCommit.begin`, one small collective);
-2. (a background thread) each rank writes its part: DCP's ``save`` for a sharded checkpoint,
+1. (training thread) the state is staged: host buffers (pinned when CUDA is available;
+   DTensors shard by shard), kept from the previous save, are given to every tensor; small
+   tensors and device tensors are copied at once, non-tensor values deep-copied; then every
+   rank agrees that staging worked and rank 0 prepares the staging path
+   (:meth:`CheckpointCommit.begin`, one small collective);
+2. (a background thread) the large CPU tensors are copied into their buffers, while training
+   goes on: the next optimizer step (and the next forward of a model with buffers, which
+   forward may update) waits until they are (:meth:`AsyncCheckpointer.wait_for_staging`, run
+   by hooks the strategy registers), so no saved tensor changes before it is copied;
+3. (the same thread) each rank writes its part: DCP's ``save`` for a sharded checkpoint,
    ``torch.save`` by rank 0 for a full one;
-3. (the same thread) the commit protocol's agreement and rename
+4. (the same thread) the commit protocol's agreement and rename
    (:meth:`CheckpointCommit.finish`).
 
 Every collective of steps 2 and 3 runs on a dedicated gloo group, used by nothing else while a
@@ -24,16 +29,18 @@ Example::
     checkpointer = AsyncCheckpointer()
     group = checkpointer.group()                    # every rank, the first time
     commit = CheckpointCommit(path, work_dir=work_dir, group=group)
-    staged = checkpointer.stage(state)
+    staged = checkpointer.stage(state)              # copies the large CPU tensors later
     staging = commit.begin()
     future = checkpointer.submit(commit, lambda: write(staged, staging))
-    ...                                             # training goes on
+    ...                                             # training goes on;
+    checkpointer.wait_for_staging()                 # before changing a saved tensor
     checkpointer.wait()                             # raises if the save failed on any rank
 
 This mirrors torchtitan's asynchronous checkpointing (a gloo group for DCP's collectives, the
-previous save awaited before the next); DCP's own ``async_save`` is not used because the
-commit must follow the write in the same background thread, after an agreement that staging
-worked on every rank (``async_save`` starts its collectives before we could know that).
+previous save awaited before the next, staging that the next optimizer step waits for); DCP's
+own ``async_save`` is not used because the commit must follow the write in the same background
+thread, after an agreement that staging worked on every rank (``async_save`` starts its
+collectives before we could know that).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import copy
 import datetime
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -57,6 +65,9 @@ from .commit import CheckpointCommit, CheckpointError, _format
 __all__ = ["AsyncCheckpointer"]
 
 logger = logging.getLogger(__name__)
+
+#: CPU tensors at least this large are copied in the background (:meth:`AsyncCheckpointer.stage`).
+DEFER_BYTES = 1 << 20
 
 #: Saves submitted and not yet waited for, in any checkpointer (reported at exit).
 _UNAWAITED: set[Future] = set()
@@ -83,11 +94,22 @@ class AsyncCheckpointer:
         self._group: torch_dist.ProcessGroup | None = None
         self._future: Future | None = None
         self._buffers: dict[tuple[str, ...], torch.Tensor] = {}
+        self._wrappers: dict[tuple[str, ...], DTensor] = {}
+        # copies left to the background thread, and the event set once they are done
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._staged: threading.Event | None = None
+        #: Seconds the training thread has waited in :meth:`wait_for_staging`, in all.
+        self.staging_wait_s = 0.0
 
     def stage(self, state: Any) -> Any:
         """A copy of ``state`` whose tensors live in host memory (pinned when CUDA is
         available), independent of the originals; DTensors keep their layout, each rank
         copying its shards; a tensor found twice (tied weights) is copied once.
+
+        CPU tensors of ``DEFER_BYTES`` or more are copied by :meth:`submit`'s background
+        thread, before it writes; until they are, the originals must not change:
+        :meth:`wait_for_staging` waits for the copies (the strategy calls it before every
+        optimizer step). Everything else is copied here.
 
         The host buffers are kept, by the tensor's place in the state, and refilled by the
         next save (the one before it has been written by then): after the first save,
@@ -98,44 +120,103 @@ class AsyncCheckpointer:
         """
         if self._future is not None:
             raise RuntimeError("a save is in flight: wait() for it before staging the next")
-        staged = self._stage(state, (), {})
+        pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        with torch.no_grad():  # DTensor's to_local/from_local skip autograd
+            staged = self._stage(state, (), {}, pending)
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # the device-to-host copies were non-blocking
+        self._pending = pending
+        self._staged = threading.Event() if pending else None
         return staged
 
-    def _stage(self, node: Any, path: tuple[str, ...], done: dict[int, Any]) -> Any:
+    def _stage(
+        self,
+        node: Any,
+        path: tuple[str, ...],
+        done: dict[int, Any],
+        pending: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> Any:
         if isinstance(node, torch.Tensor):
             if id(node) not in done:
-                done[id(node)] = self._stage_tensor(node, path)
+                done[id(node)] = self._stage_tensor(node, path, pending)
             return done[id(node)]
         if isinstance(node, Mapping):
-            return {k: self._stage(v, (*path, str(k)), done) for k, v in node.items()}
+            return {k: self._stage(v, (*path, str(k)), done, pending) for k, v in node.items()}
         if isinstance(node, list | tuple):
-            items = [self._stage(v, (*path, str(i)), done) for i, v in enumerate(node)]
+            items = [self._stage(v, (*path, str(i)), done, pending) for i, v in enumerate(node)]
             if isinstance(node, list):
                 return items
             return type(node)(*items) if hasattr(node, "_fields") else type(node)(items)
         return copy.deepcopy(node)
 
-    def _stage_tensor(self, tensor: torch.Tensor, path: tuple[str, ...]) -> torch.Tensor:
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    def _stage_tensor(
+        self,
+        tensor: torch.Tensor,
+        path: tuple[str, ...],
+        pending: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        local = (tensor.to_local() if isinstance(tensor, DTensor) else tensor).detach()
         buffer = self._buffers.get(path)
         if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
             buffer = torch.empty(
                 local.shape, dtype=local.dtype, pin_memory=torch.cuda.is_available()
             )
             self._buffers[path] = buffer
-        buffer.copy_(local.detach(), non_blocking=local.device.type == "cuda")
+        if local.device.type == "cpu" and local.nbytes >= DEFER_BYTES:
+            pending.append((buffer, local))
+        else:
+            buffer.copy_(local, non_blocking=local.device.type == "cuda")
         if not isinstance(tensor, DTensor):
             return buffer
-        return DTensor.from_local(
-            buffer,
-            tensor.device_mesh,
-            tensor.placements,
-            shape=tensor.shape,
-            stride=tensor.stride(),
-            run_check=False,
-        )
+        wrapper = self._wrappers.get(path)
+        if (
+            wrapper is None
+            or wrapper.to_local() is not buffer  # under no_grad: the very tensor
+            or wrapper.device_mesh != tensor.device_mesh
+            or wrapper.placements != tensor.placements
+            or wrapper.shape != tensor.shape
+            or wrapper.stride() != tensor.stride()
+        ):
+            wrapper = DTensor.from_local(
+                buffer,
+                tensor.device_mesh,
+                tensor.placements,
+                shape=tensor.shape,
+                stride=tensor.stride(),
+                run_check=False,
+            )
+            self._wrappers[path] = wrapper
+        return wrapper
+
+    def _copy_pending(self) -> None:
+        """The copies :meth:`stage` left (the background thread runs them); the training
+        thread's :meth:`wait_for_staging` returns once they are done, or failed."""
+        try:
+            for buffer, source in self._pending:
+                buffer.copy_(source)
+        finally:
+            self._pending = []
+            if self._staged is not None:
+                self._staged.set()
+
+    def wait_for_staging(self) -> None:
+        """Block until the tensors of the save in flight are copied to host memory (at once
+        when they are, or when no save is in flight); only then may they change."""
+        staged = self._staged
+        if staged is None:
+            return
+        if not staged.is_set():
+            start = time.perf_counter()
+            staged.wait()
+            self.staging_wait_s += time.perf_counter() - start
+        self._staged = None
+
+    def discard(self) -> None:
+        """Forget what :meth:`stage` left to copy (the save will not be submitted)."""
+        self._pending = []
+        if self._staged is not None:
+            self._staged.set()
+            self._staged = None
 
     def group(self) -> torch_dist.ProcessGroup | None:
         """The dedicated gloo group (created on first use: every rank must call this at the
@@ -158,9 +239,10 @@ class AsyncCheckpointer:
             future.result()
 
     def submit(self, commit: CheckpointCommit, write: Callable[[], Iterable[Path]]) -> Future:
-        """Run ``write()`` (returns the files this rank wrote) and then ``commit.finish`` in a
-        background thread; the future's result is the checkpoint's path, its exception a
-        :class:`CheckpointError`. Call :meth:`wait` first: one save at a time."""
+        """Run the copies :meth:`stage` left, ``write()`` (returns the files this rank wrote)
+        and then ``commit.finish`` in a background thread; the future's result is the
+        checkpoint's path, its exception a :class:`CheckpointError`. Call :meth:`wait` first:
+        one save at a time."""
         if self._future is not None:
             raise RuntimeError("a save is in flight already: wait() for it first")
         future: Future = Future()
@@ -170,6 +252,7 @@ class AsyncCheckpointer:
             try:
                 error = None
                 try:
+                    self._copy_pending()
                     commit.record(*write())
                 except Exception as exc:  # noqa: BLE001 - every rank learns of it in finish()
                     error = _format(exc)

@@ -112,6 +112,7 @@ class BaseStrategy:
         self._max_keep_ckpts = check_max_keep_ckpts(max_keep_ckpts)
         self._retention = Retention()
         self._checkpointer = AsyncCheckpointer()
+        self._fenced: list[Any] = []  # optimizers and models hooked by _fence_staging
         self._auto_scale_lr = _check_auto_scale_lr(auto_scale_lr)
         self._env_kwargs = dict(env_kwargs or {})
         self._work_dir = Path(work_dir).absolute()
@@ -780,8 +781,10 @@ class BaseStrategy:
         try:
             staging = commit.begin(error)
         except CheckpointError:
+            self._checkpointer.discard()
             self._retention.settle(committed=False)
             raise
+        self._fence_staging()
         blocked = time.perf_counter() - start
 
         def write() -> list[Path]:
@@ -806,6 +809,31 @@ class BaseStrategy:
 
         future.add_done_callback(log)
         return future
+
+    def _fence_staging(self) -> None:
+        """Make every optimizer step, and every forward of a model with persistent buffers
+        (forward may update them, e.g. BatchNorm's statistics), wait until the save in flight
+        has copied the tensors it left to the background (hooks registered once)."""
+        targets: list[Any] = []
+        if hasattr(self, "optim_wrapper"):
+            targets += [wrapper.optimizer for wrapper in self._wrappers().values()]
+        if _has_persistent_buffers(self.model):
+            targets.append(self.model)
+        for target in targets:
+            if any(fenced is target for fenced in self._fenced):
+                continue
+            if isinstance(target, torch.optim.Optimizer):
+                target.register_step_pre_hook(lambda *_: self.wait_for_staging())
+            else:
+                target.register_forward_pre_hook(lambda *_: self.wait_for_staging())
+            self._fenced.append(target)
+
+    def wait_for_staging(self) -> None:
+        """Block until the asynchronous save in flight has copied the state to host memory
+        (at once when there is none). The next optimizer step, and the next forward of a
+        model with buffers, call it; code that changes saved tensors in place before those
+        (e.g. clamping weights by hand) should call it first."""
+        self._checkpointer.wait_for_staging()
 
     def _checkpoint_format(self) -> str:
         """The format :meth:`save_checkpoint` writes: ``'full'``, ``'sharded'`` or ``'local'``."""
@@ -1005,6 +1033,15 @@ def _contains_built_scheduler(schedulers: Any) -> bool:
     if isinstance(schedulers, list | tuple):
         return any(_contains_built_scheduler(s) for s in schedulers)
     return False
+
+
+def _has_persistent_buffers(model: nn.Module) -> bool:
+    """Whether the model's state dict holds buffers (which forward may update)."""
+    return any(
+        buffer is not None and name not in module._non_persistent_buffers_set
+        for module in model.modules()
+        for name, buffer in module._buffers.items()
+    )
 
 
 def holds_tensor_state(optim_state: Mapping[str, Any]) -> bool:
