@@ -155,6 +155,7 @@ def _async_vs_sync(strategy, work: Path, repeats: int, suffix: str) -> dict[str,
                 runs["sync"].append(time.perf_counter() - start)
             else:
                 strategy.save_checkpoint(path, async_save=True)
+                strategy.wait_for_staging()  # as if the next optimizer step came at once
                 runs["async blocked"].append(time.perf_counter() - start)
                 strategy.wait_for_checkpoint()
                 runs["async committed"].append(time.perf_counter() - start)
