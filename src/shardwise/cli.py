@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import sys
+import threading
 from collections.abc import Sequence
+from typing import NoReturn
 
 from shardwise.checkpoint.commands import add_ckpt_parser
+from shardwise.runner import commands
 from shardwise.runner.commands import add_plot_parser, add_train_parser
 
 
@@ -36,5 +41,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return args.func(args)
 
 
+def entry() -> NoReturn:
+    """The ``shardwise`` command: :func:`main`, then exit with its code.
+
+    After distributed training, once the process group is torn down, every thread has
+    finished and the ``atexit`` handlers have run (the wait for asynchronous saves among
+    them), the process leaves without the interpreter's teardown: gloo's threads may still
+    be destroyed then and abort a successful run ("terminate called without an active
+    exception", pytorch#179291).
+    """
+    code = main()
+    if not commands.TORE_DOWN_PROCESS_GROUP:
+        sys.exit(code)
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

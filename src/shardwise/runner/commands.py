@@ -26,6 +26,9 @@ from typing import Any
 
 from shardwise.config import DictAction
 
+#: Set once ``train`` has torn its process group down (see :func:`shardwise.cli.entry`).
+TORE_DOWN_PROCESS_GROUP = False
+
 __all__ = ["add_train_parser", "add_plot_parser", "train", "load_train_config"]
 
 _LAUNCHERS = ("none", "pytorch", "slurm", "mpi")
@@ -269,4 +272,6 @@ def train(args: argparse.Namespace) -> int:
             import torch.distributed
 
             torch.distributed.destroy_process_group()
+            global TORE_DOWN_PROCESS_GROUP
+            TORE_DOWN_PROCESS_GROUP = True
     return 0
