@@ -26,7 +26,7 @@ Contenders alternate (ABBA...) with ``os.sync()`` and a pause (``SETTLE_S``) bet
 the figure is the median of the per-repeat ratios (the disk is shared: whole repeats move
 together), best times beside.
 
-    python bench/checkpoint_engine.py            # ~3 min on 2 cores
+    python bench/checkpoint_engine.py            # ~2 min on 2 cores
 """
 
 from __future__ import annotations
@@ -57,12 +57,12 @@ LR = 3e-4
 #: Pause after each contender's ``os.sync()``: the virtual disk goes on writing what it was
 #: given after sync() returns, and whatever ran next paid for it (measured: torch.save right
 #: after a sharded save took 1.1–1.3 s, 0.5–0.6 s after a training step).
-SETTLE_S = 1.5
+SETTLE_S = 1.0
 TARGETS = {"async_blocked_vs_sync": 0.10, "save_throughput_vs_torch": 0.8, "reshard_load": 1.2}
 
 
 def _repeats(quick: bool) -> int:
-    return 6 if quick else 10
+    return 5 if quick else 10
 
 
 # ----------------------------------------------------------------------------- in the ranks
