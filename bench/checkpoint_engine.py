@@ -62,7 +62,7 @@ TARGETS = {"async_blocked_vs_sync": 0.10, "save_throughput_vs_torch": 0.8, "resh
 
 
 def _repeats(quick: bool) -> int:
-    return 5 if quick else 10
+    return 4 if quick else 10
 
 
 # ----------------------------------------------------------------------------- in the ranks

@@ -31,7 +31,7 @@ SECTIONS: dict[str, tuple[int, int]] = {
     "overhead": (40, 1200),
     "peer_lightning": (50, 1200),
     "checkpoint_io": (75, 1800),
-    "checkpoint_engine": (120, 1800),
+    "checkpoint_engine": (115, 1800),
     "scale": (230, 5400),
     "meta_init": (15, 900),
     "gpu": (5, 1800),

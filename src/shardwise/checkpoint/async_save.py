@@ -1,6 +1,6 @@
 """Asynchronous saving: training blocks only while the state is copied to host memory.
 
-A save in the background runs in three steps:
+A save in the background runs in four steps:
 
 1. (training thread) the state is staged: host buffers (pinned when CUDA is available;
    DTensors shard by shard), kept from the previous save, are given to every tensor; small
@@ -16,7 +16,7 @@ A save in the background runs in three steps:
 4. (the same thread) the commit protocol's agreement and rename
    (:meth:`CheckpointCommit.finish`).
 
-Every collective of steps 2 and 3 runs on a dedicated gloo group, used by nothing else while a
+Every collective of steps 3 and 4 runs on a dedicated gloo group, used by nothing else while a
 save is in flight, so it cannot interleave with the training's collectives on the default group
 (which would deadlock or corrupt both). At most one save is in flight: the next save, an
 explicit wait and interpreter exit wait for it. A failure on any rank fails the agreement on
