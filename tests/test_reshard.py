@@ -166,7 +166,8 @@ def _resume_on_one_rank(work_dir):
 
 
 def _counting_reads(counter):
-    """Count the bytes every DCP record view hands out (``counter['bytes']``)."""
+    """Count the bytes every DCP record view hands out (``counter['bytes']``), and list the
+    file ranges read into tensors (``counter['ranges']``, (file offset, bytes))."""
     from shardwise.checkpoint.safe_dcp import SafeFileSystemReader
 
     original = SafeFileSystemReader._slice_file
@@ -181,8 +182,10 @@ def _counting_reads(counter):
             return data
 
         def count_readinto(buffer):
+            start = info.offset + view.tell()
             n = readinto(buffer)
             counter["bytes"] += n or 0
+            counter.setdefault("ranges", []).append((start, n or 0))
             return n
 
         view.read, view.readinto = count_read, count_readinto
@@ -313,19 +316,31 @@ def _resume_wide_counting_reads(work_dir):
     model, wrapper = strategy.prepare(_wide_model(), optim_wrapper=OPTIM)
     counter = {"bytes": 0}
     restore = _counting_reads(counter)
+    hints = []
+    fadvise = os.posix_fadvise
+    os.posix_fadvise = lambda fd, start, n, advice: (
+        hints.append((start, n)) or fadvise(fd, start, n, advice)
+    )
     try:
         strategy.resume("wide.ckpt")
     finally:
         restore()
-    return counter["bytes"], _state(model, wrapper)
+        os.posix_fadvise = fadvise
+    return counter, hints, _state(model, wrapper)
 
 
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="the read-ahead hints are POSIX's")
 def test_each_of_more_ranks_reads_only_its_part_of_the_stored_tensors(tmp_path):
     saved = run_distributed(_save_wide, 1, str(tmp_path))[0]
     stored = sum(p.stat().st_size for p in (tmp_path / "wide.ckpt").glob("*.distcp"))
-    for read, state in run_distributed(_resume_wide_counting_reads, 2, str(tmp_path)):
+    for counter, hints, state in run_distributed(_resume_wide_counting_reads, 2, str(tmp_path)):
+        read = counter["bytes"]
         # DCP's own reader hands every rank each stored record whole: all of the bytes
         assert 0.45 * stored < read < 0.55 * stored, (read, stored)
+        # the kernel was asked beforehand for each range read into a tensor, and little more
+        for start, n in counter["ranges"]:
+            assert any(s <= start and start + n <= s + k for s, k in hints), (start, n)
+        assert sum(k for _, k in hints) < 0.6 * stored
         assert all(torch.equal(v, saved["weights"][k]) for k, v in state["weights"].items())
         for name, per_param in state["optimizer"].items():
             assert all(torch.equal(v, saved["optimizer"][name][k]) for k, v in per_param.items())
