@@ -76,10 +76,10 @@ class HashingWriter:
     copied first.
 
     Every ``WRITEBACK_BYTES`` written to a real file, the kernel is asked to start writing
-    them out (``sync_file_range(SYNC_FILE_RANGE_WRITE)`` on Linux, which does not wait), so
-    that the disk works while torch serializes the rest and the closing ``fsync`` finds little
-    left to write (the technique of RocksDB's ``bytes_per_sync``). The fsync still decides
-    durability; this only moves the disk's work earlier.
+    them out (``sync_file_range(SYNC_FILE_RANGE_WRITE)`` on Linux, which does not wait for the
+    write to finish), so that the disk works while torch serializes the rest and the closing
+    ``fsync`` finds little left to write (the technique of RocksDB's ``bytes_per_sync``). The
+    fsync still decides durability; this only moves the disk's work earlier.
     """
 
     def __init__(self, f: Any, storages: set[int]) -> None:
