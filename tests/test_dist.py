@@ -247,3 +247,33 @@ def test_unreachable_rendezvous_raises_after_its_timeout():
     assert address in message
     assert "rank 1 of 2" in message
     assert "Check that rank 0 is running" in message
+
+
+_EXIT_PROBE = """
+import atexit, os, sys
+import torch.distributed as torch_dist
+# registered before init_dist, so it runs after shardwise's handler (atexit runs LIFO)
+atexit.register(lambda: print("initialised at exit:", torch_dist.is_initialized(), flush=True))
+from shardwise import dist
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=sys.argv[1])
+dist.init_dist("pytorch", backend="gloo")
+dist.all_reduce(__import__("torch").ones(1))
+print("trained", flush=True)
+"""
+
+
+def test_a_process_that_exits_with_its_group_alive_destroys_it_before_finalization():
+    import subprocess
+    import sys
+
+    from tests.distributed import REPO
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = str(REPO / "src")
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_PROBE, str(free_port())],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["trained", "initialised", "at", "exit:", "False"]

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import functools
 import logging
@@ -88,6 +89,32 @@ def infer_launcher() -> str:
     return "none"
 
 
+def destroy_at_exit() -> None:
+    """Have the process groups destroyed at interpreter exit, while Python is still whole
+    (registered once; a no-op when they were destroyed already).
+
+    A process that exits with its group alive leaves gloo's worker threads holding tensors
+    whose release during the interpreter's finalization needs the GIL and aborts the process
+    ("terminate called without an active exception", exit code -6) after a successful run:
+    pytorch#179291, whose fix in torch (this handler) was not merged.
+    """
+    global _DESTROY_AT_EXIT
+    if not _DESTROY_AT_EXIT:
+        atexit.register(_destroy_process_groups)
+        _DESTROY_AT_EXIT = True
+
+
+_DESTROY_AT_EXIT = False
+
+
+def _destroy_process_groups() -> None:
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        try:
+            torch_dist.destroy_process_group()
+        except Exception as exc:  # noqa: BLE001 - the process is ending either way
+            logger.debug("destroy_process_group at exit failed: %s", exc)
+
+
 def init_dist(
     launcher: str,
     backend: str | None = None,
@@ -126,6 +153,7 @@ def init_dist(
             torch_dist.get_rank(),
             torch_dist.get_world_size(),
         )
+        destroy_at_exit()
         return
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -163,6 +191,7 @@ def init_dist(
             "this host can reach it (firewall, network interface), and that every rank "
             "uses the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE."
         ) from exc
+    destroy_at_exit()
     logger.info(
         "Initialised process group: launcher %s, backend %s, rank %d of %d, master %s:%s.",
         launcher,

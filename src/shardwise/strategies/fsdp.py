@@ -438,6 +438,7 @@ class FSDPStrategy(BaseStrategy):
             return
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         torch_dist.init_process_group(backend, store=torch_dist.HashStore(), rank=0, world_size=1)
+        dist.destroy_at_exit()
         self.logger.info("FSDPStrategy without a launcher: started a 1-rank %s group", backend)
 
     def _build_mesh(self) -> DeviceMesh:
