@@ -126,6 +126,22 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def async_blocked(strategy, path: Path, next_step: Any = None) -> float:
+    """Seconds an asynchronous save blocks training: until it returns, and the next optimizer
+    step's wait for the copies left to the background, after ``next_step()`` (untimed; none:
+    the step comes at once). Then waited for, untimed."""
+    start = time.perf_counter()
+    strategy.save_checkpoint(path, async_save=True)
+    seconds = time.perf_counter() - start
+    if next_step is not None:
+        next_step()
+    start = time.perf_counter()
+    strategy.wait_for_staging()
+    seconds += time.perf_counter() - start
+    strategy.wait_for_checkpoint()
+    return seconds
+
+
 def time_saves(
     strategy,
     local: dict[str, Any],
@@ -164,17 +180,8 @@ def time_saves(
     def sync(path: Path) -> None:
         strategy.save_checkpoint(path, async_save=False)
 
-    def blocked(path: Path) -> float:  # until it returns, and the next step's wait
-        start = time.perf_counter()
-        strategy.save_checkpoint(path, async_save=True)
-        seconds = time.perf_counter() - start
-        if next_step is not None:
-            next_step()
-        start = time.perf_counter()
-        strategy.wait_for_staging()
-        seconds += time.perf_counter() - start
-        strategy.wait_for_checkpoint()
-        return seconds
+    def blocked(path: Path) -> float:
+        return async_blocked(strategy, path, next_step)
 
     contenders = {"sync": sync, "async blocked": blocked, "torch.save": plain, **(extra or {})}
     runs: dict[str, list[float]] = {name: [] for name in contenders}
@@ -218,12 +225,7 @@ def save_case(work_dir: str, repeats: int, keep: str) -> dict[str, Any]:
         dcp_save(strategy.model, strategy.optim_wrapper.optimizer, path)
 
     def at_once(path: Path) -> float:  # the next optimizer step straight after the save
-        start = time.perf_counter()
-        strategy.save_checkpoint(path, async_save=True)
-        strategy.wait_for_staging()
-        seconds = time.perf_counter() - start
-        strategy.wait_for_checkpoint()
-        return seconds
+        return async_blocked(strategy, path)
 
     batch = make_batches(1, 2, SIZE, seed=dist.get_rank())[0]
 

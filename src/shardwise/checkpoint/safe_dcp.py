@@ -184,10 +184,14 @@ class SafeFileSystemReader(FileSystemReader):
         if not isinstance(entry, TensorStorageMetadata):
             return None
         offsets = list(item.storage_index.offset)
-        for chunk in entry.chunks:
-            if list(chunk.offsets) == offsets:
-                return torch.empty(chunk.sizes, dtype=entry.properties.dtype, device="meta")
-        return None
+        hint = item.storage_index.index  # DCP's guess of the chunk's position
+        candidates = entry.chunks
+        if hint is not None and 0 <= hint < len(candidates):
+            candidates = [candidates[hint], *candidates]
+        chunk = next((c for c in candidates if list(c.offsets) == offsets), None)
+        if chunk is None:
+            return None
+        return torch.empty(chunk.sizes, dtype=entry.properties.dtype, device="meta")
 
     def _read_slice(
         self, stream: Any, item: ReadItem, little_endian: bool, target: torch.Tensor
