@@ -12,7 +12,7 @@ trained one step by ``FSDPStrategy(state_dict_cfg='sharded')`` on 2 ranks, then:
    Every repeat counts the slower rank. Target: at most 10%. Beside it, the worst
    case: the next optimizer step straight after the save (all of the copying waited for).
 2. **sharded save throughput**: a synchronous ``save_checkpoint`` (DCP shards, meta.pt,
-   manifest with the CRC-32 of every file, commit by rename) against every rank ``torch.save``-ing
+   manifest with the checksum of every file, commit by rename) against every rank ``torch.save``-ing
    the same local tensors (its shards of the weights and of the optimizer state) into its own
    file and fsync'ing it, both ranks at once. Target: at least 0.8x the throughput. Beside it,
    raw ``dcp.save`` of ``get_state_dict`` of the same model and optimizer: the share of the

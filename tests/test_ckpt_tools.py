@@ -386,7 +386,7 @@ def test_verify_fails_naming_a_full_file_with_one_flipped_byte(manifest, full_ck
     _flip_byte(full_ckpt, _tensor_data_offset(full_ckpt))
     code, _, err = _run(capsys, "verify", full_ckpt)
     assert code == 1 and f"FAILED {full_ckpt}:" in err
-    assert ("CRC-32" if manifest else "record 'data/") in err
+    assert ("XXH3-64" if manifest else "record 'data/") in err
 
 
 @pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "crc-only"])
@@ -523,19 +523,25 @@ def test_a_directory_that_is_no_checkpoint_is_named(tmp_path, capsys):
     assert code == 1 and "is a directory but not a checkpoint" in err
 
 
-def test_a_manifest_recorded_with_sha256_by_an_earlier_version_still_verifies(tmp_path):
+@pytest.mark.parametrize("algorithm", ["sha256", "crc32"])
+def test_a_manifest_recorded_by_an_earlier_version_still_verifies(tmp_path, algorithm):
     import hashlib
-    import json
+    import zlib
 
     from shardwise.checkpoint.manifest import verify_manifest
 
     path = tmp_path / "old.pth"
     torch.save({"state_dict": {"w": torch.arange(10.0)}}, path)
-    entry = {"size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-    manifest = {"manifest_version": 1, "algorithm": "sha256", "files": {"old.pth": entry}}
+    data = path.read_bytes()
+    digest = (
+        hashlib.sha256(data).hexdigest() if algorithm == "sha256" else f"{zlib.crc32(data):08x}"
+    )
+    entry = {"size": len(data), algorithm: digest}
+    manifest = {"manifest_version": 1, "algorithm": algorithm, "files": {"old.pth": entry}}
     (tmp_path / "old.pth.manifest.json").write_text(json.dumps(manifest))
     assert verify_manifest(path) == []
-    data = bytearray(path.read_bytes())
-    data[-30] ^= 1
-    path.write_bytes(bytes(data))
-    assert "SHA-256" in str(verify_manifest(path)[0])
+    changed = bytearray(data)
+    changed[-30] ^= 1
+    path.write_bytes(bytes(changed))
+    label = {"sha256": "SHA-256", "crc32": "CRC-32"}[algorithm]
+    assert label in str(verify_manifest(path)[0])

@@ -51,7 +51,7 @@ _REPLACED_SUFFIX = ".replaced"
 _SIDECAR_SUFFIX = ".manifest.json"  # a file checkpoint's manifest: NAME.manifest.json
 
 #: What a rank tells the others when a save ends: its error (a traceback) or None, and the
-#: manifest entries of the files it wrote (``{relative name: {'size', 'crc32'}}``).
+#: manifest entries of the files it wrote (``{relative name: {'size', ALGORITHM}}``).
 _Outcome = tuple[str | None, dict[str, dict[str, Any]]]
 
 logger = logging.getLogger(__name__)

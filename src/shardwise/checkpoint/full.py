@@ -12,16 +12,11 @@ from __future__ import annotations
 import ctypes
 import os
 import pickle
-import queue
 import sys
-import threading
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
-from torch.distributed.tensor import DTensor
 
 from .commit import CheckpointError
 from .manifest import new_checksum
@@ -30,7 +25,6 @@ from .mmengine_compat import mmengine_safe_globals, mmengine_to_plain
 __all__ = [
     "HashingWriter",
     "WrittenFile",
-    "cpu_storages",
     "load_full_checkpoint",
     "save_full_checkpoint",
 ]
@@ -44,7 +38,6 @@ class WrittenFile(NamedTuple):
     checksum: str
 
 
-_SMALL = 64 << 10
 #: Bytes written between two requests to start writing them to disk (see ``HashingWriter``).
 WRITEBACK_BYTES = 32 << 20
 _SYNC_FILE_RANGE_WRITE = 2
@@ -67,13 +60,9 @@ _START_WRITEBACK = _sync_file_range()
 
 
 class HashingWriter:
-    """A write-only stream that hashes what passes through it, in a second thread, and has
-    the kernel start writing it to disk as it goes.
-
-    ``zlib.crc32`` releases the GIL, so checksumming overlaps the write instead of adding to it. A
-    chunk that views a tensor's storage is hashed in place (the tensor outlives the save);
-    anything else torch hands over (headers, the pickle) may be a buffer it reuses, so it is
-    copied first.
+    """A write-only stream that checksums what passes through it (in the writing thread: XXH3
+    hashes ~28 GB/s, ten times the pace of a write to the page cache) and has the kernel start
+    writing it to disk as it goes.
 
     Every ``WRITEBACK_BYTES`` written to a real file, the kernel is asked to start writing
     them out (``sync_file_range(SYNC_FILE_RANGE_WRITE)`` on Linux, which does not wait for the
@@ -82,33 +71,16 @@ class HashingWriter:
     fsync still decides durability; this only moves the disk's work earlier.
     """
 
-    def __init__(self, f: Any, storages: set[int]) -> None:
+    def __init__(self, f: Any) -> None:
         self._f = f
-        self._storages = storages
         self._fd = _file_descriptor(f) if _START_WRITEBACK is not None else None
         self._written = self._started = 0
         self._digest = new_checksum()
-        self._chunks: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._hash, name="shardwise-hash", daemon=True)
-        self._thread.start()
-
-    def _hash(self) -> None:
-        while (chunk := self._chunks.get()) is not None:
-            try:
-                self._digest.update(chunk)
-            except BaseException as exc:  # noqa: BLE001 - reported by hexdigest()
-                self._error = exc
 
     def write(self, data: Any) -> int:
-        view = memoryview(data)
-        if view.nbytes < _SMALL:  # headers, pickles: copying is cheaper than looking
-            self._chunks.put(bytes(view))
-        else:
-            address = np.frombuffer(view, dtype=np.uint8).ctypes.data
-            self._chunks.put(view if address in self._storages else bytes(view))
-        written = self._f.write(view)
-        self._written += view.nbytes
+        self._digest.update(data)
+        written = self._f.write(data)
+        self._written += written
         if self._fd is not None and self._written - self._started >= WRITEBACK_BYTES:
             self._start_writeback()
         return written
@@ -124,11 +96,7 @@ class HashingWriter:
         self._f.flush()
 
     def hexdigest(self) -> str:
-        """Wait for the hashing thread; the checksum of everything written."""
-        self._chunks.put(None)
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+        """The checksum of everything written."""
         return self._digest.hexdigest()
 
 
@@ -141,34 +109,13 @@ def _file_descriptor(f: Any) -> int | None:
         return None
 
 
-def cpu_storages(tree: Any) -> set[int]:
-    """Data addresses of the CPU tensor storages in ``tree`` (torch.save writes them as is),
-    DTensors' local shards included."""
-    found: set[int] = set()
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, DTensor):
-            stack.append(node.to_local())
-        elif isinstance(node, torch.Tensor):
-            if node.device.type == "cpu":
-                found.add(node.untyped_storage().data_ptr())
-        elif isinstance(node, Mapping):
-            stack.extend(node.values())
-        elif isinstance(node, list | tuple):
-            stack.extend(node)
-    return found
-
-
 def save_full_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) -> WrittenFile:
     """Write ``state`` to ``path``, hashing it on the way, and flush it to disk before
     returning."""
     with open(path, "wb") as f:
-        writer = HashingWriter(f, cpu_storages(state))
-        try:
-            torch.save(state, writer)
-        finally:
-            digest = writer.hexdigest()
+        writer = HashingWriter(f)
+        torch.save(state, writer)
+        digest = writer.hexdigest()
         f.flush()
         os.fsync(f.fileno())
     return WrittenFile(Path(path), digest)

@@ -4,15 +4,15 @@ A directory checkpoint (sharded, local) holds ``manifest.json``; a single-file c
 (full, safetensors) has a sidecar ``NAME.manifest.json`` beside it. Either maps each file,
 relative to the checkpoint, to its size and checksum::
 
-    {"manifest_version": 1, "algorithm": "crc32", "created": "2025-01-01 12:00:00",
-     "files": {"__0_0.distcp": {"size": 1048576, "crc32": "9f86d081"}, ...}}
+    {"manifest_version": 1, "algorithm": "xxh3_64", "created": "2025-01-01 12:00:00",
+     "files": {"__0_0.distcp": {"size": 1048576, "xxh3_64": "9f86d081884c7d65"}, ...}}
 
-The checksum is CRC-32 (zlib's, ~6 GB/s on one core, three times SHA-256's speed, so that
-checksumming while writing keeps up with the disk): it catches what a manifest is for,
-bytes that changed after the save (bit rot, truncation, a partial overwrite, a bad copy), as
-the CRC-32 of each record of a ``torch.save`` zip does. It is no defence against tampering (a
-tamperer rewrites the manifest too); nothing in a checkpoint is executed anyway. Manifests
-recorded with SHA-256 by earlier versions verify as before.
+The checksum is XXH3's 64-bit hash (the ``xxhash`` package; ~28 GB/s on one core, four times
+zlib's CRC-32 and over ten times SHA-256, so that the writing thread checksums what it writes
+as it goes at little cost): it catches what a manifest is for, bytes that changed after the
+save (bit rot, truncation, a partial overwrite, a bad copy). It is no defence against
+tampering (a tamperer rewrites the manifest too); nothing in a checkpoint is executed anyway.
+Manifests recorded with CRC-32 or SHA-256 by earlier versions verify as before.
 
 :func:`verify_manifest` re-reads every listed file and reports each one that is missing or
 whose size or checksum changed. In the commit protocol, :func:`stage_manifest` records the
@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from .commit import _SIDECAR_SUFFIX, CheckpointError, _atomic_write_text, _fsync_dir, staging_path
 
 __all__ = [
@@ -60,9 +62,10 @@ __all__ = [
 MANIFEST = "manifest.json"
 _VERSION = 1
 _CHUNK = 1 << 20
-#: The checksum new manifests record; ``sha256`` ones (earlier versions) still verify.
-ALGORITHM = "crc32"
-_LABELS = {"crc32": "CRC-32", "sha256": "SHA-256"}
+#: The checksum new manifests record; ``crc32`` and ``sha256`` ones (earlier versions) still
+#: verify.
+ALGORITHM = "xxh3_64"
+_LABELS = {"xxh3_64": "XXH3-64", "crc32": "CRC-32", "sha256": "SHA-256"}
 
 #: Called with the number of bytes just read (drives a progress bar).
 OnBytes = Callable[[int], None]
@@ -90,8 +93,8 @@ def manifest_path(checkpoint: str | os.PathLike[str]) -> Path:
 
 
 class Checksum:
-    """A running CRC-32 with ``hashlib``'s interface (``update``, ``hexdigest``); like
-    ``hashlib``, ``zlib.crc32`` releases the GIL on large buffers."""
+    """A running CRC-32 (the checksum of earlier manifests) with ``hashlib``'s interface
+    (``update``, ``hexdigest``)."""
 
     def __init__(self) -> None:
         self._value = 0
@@ -104,7 +107,10 @@ class Checksum:
 
 
 def new_checksum(algorithm: str = ALGORITHM) -> Any:
-    """An empty running checksum of ``algorithm`` (``'crc32'`` or ``'sha256'``)."""
+    """An empty running checksum of ``algorithm`` (one of ``_LABELS``), with ``hashlib``'s
+    interface."""
+    if algorithm == "xxh3_64":
+        return xxhash.xxh3_64()
     return Checksum() if algorithm == "crc32" else hashlib.sha256()
 
 
