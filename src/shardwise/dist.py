@@ -89,6 +89,7 @@ def infer_launcher() -> str:
     return "none"
 
 
+@functools.cache
 def destroy_at_exit() -> None:
     """Have the process groups destroyed at interpreter exit, while Python is still whole
     (registered once; a no-op when they were destroyed already).
@@ -98,13 +99,7 @@ def destroy_at_exit() -> None:
     ("terminate called without an active exception", exit code -6) after a successful run:
     pytorch#179291, whose fix in torch (this handler) was not merged.
     """
-    global _DESTROY_AT_EXIT
-    if not _DESTROY_AT_EXIT:
-        atexit.register(_destroy_process_groups)
-        _DESTROY_AT_EXIT = True
-
-
-_DESTROY_AT_EXIT = False
+    atexit.register(_destroy_process_groups)
 
 
 def _destroy_process_groups() -> None:

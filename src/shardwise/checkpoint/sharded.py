@@ -105,17 +105,14 @@ def _fill(tree: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     return tree
 
 
-class _HashingStream:
-    """A file DCP writes into, hashed on the way (see :class:`~.full.HashingWriter`)."""
+class _HashingStream(HashingWriter):
+    """A file DCP writes into, hashed on the way (:class:`~.full.HashingWriter`, whose
+    ``write`` DCP calls directly), reporting the checksum when closed."""
 
     def __init__(self, f: Any, on_close: Callable[[str], None]) -> None:
-        self._f = f
-        self._hasher = HashingWriter(f)
+        super().__init__(f)
         self._on_close = on_close
         self.closed = False
-
-    def write(self, data: Any) -> int:
-        return self._hasher.write(data)
 
     def tell(self) -> int:
         return self._f.tell()
@@ -123,14 +120,11 @@ class _HashingStream:
     def fileno(self) -> int:
         return self._f.fileno()
 
-    def flush(self) -> None:
-        self._f.flush()
-
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             self._f.close()
-            self._on_close(self._hasher.hexdigest())
+            self._on_close(self.hexdigest())
 
 
 class _HashingFileSystem(FileSystem):
