@@ -250,19 +250,26 @@ def test_unreachable_rendezvous_raises_after_its_timeout():
 
 
 _EXIT_PROBE = """
-import atexit, os, sys
+import atexit, gc, os, sys
 import torch.distributed as torch_dist
 # registered before init_dist, so it runs after shardwise's handler (atexit runs LIFO)
-atexit.register(lambda: print("initialised at exit:", torch_dist.is_initialized(), flush=True))
+atexit.register(lambda: print("initialised at exit:", torch_dist.is_initialized(),
+                              "threads:", len(os.listdir("/proc/self/task")), flush=True))
 from shardwise import dist
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                   MASTER_PORT=sys.argv[1])
 dist.init_dist("pytorch", backend="gloo")
 dist.all_reduce(__import__("torch").ones(1))
+# garbage that still holds the group, as a DDP wrapper in a reference cycle does
+gc.disable()
+cycle = [torch_dist.group.WORLD]
+cycle.append(cycle)
+del cycle
 print("trained", flush=True)
 """
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
 def test_a_process_that_exits_with_its_group_alive_destroys_it_before_finalization():
     import subprocess
     import sys
@@ -276,4 +283,6 @@ def test_a_process_that_exits_with_its_group_alive_destroys_it_before_finalizati
         capture_output=True, text=True, timeout=60, env=env, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["trained", "initialised", "at", "exit:", "False"]
+    # the group's gloo threads are joined while Python is whole: one left at finalization
+    # would abort the process when it drops its last tensor (exit code -6)
+    assert proc.stdout.split() == "trained initialised at exit: False threads: 1".split()

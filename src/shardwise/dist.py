@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import functools
+import gc
 import logging
 import os
 import re
@@ -97,13 +98,16 @@ def destroy_at_exit() -> None:
     A process that exits with its group alive leaves gloo's worker threads holding tensors
     whose release during the interpreter's finalization needs the GIL and aborts the process
     ("terminate called without an active exception", exit code -6) after a successful run:
-    pytorch#179291, whose fix in torch (this handler) was not merged.
+    pytorch#179291, whose fix in torch (this handler) was not merged. Garbage is collected
+    first: a DDP or FSDP module left in a reference cycle still holds the group, and
+    the group's threads are joined only when its last reference goes.
     """
     atexit.register(_destroy_process_groups)
 
 
 def _destroy_process_groups() -> None:
     if torch_dist.is_available() and torch_dist.is_initialized():
+        gc.collect()
         try:
             torch_dist.destroy_process_group()
         except Exception as exc:  # noqa: BLE001 - the process is ending either way
