@@ -31,8 +31,8 @@ SECTIONS: dict[str, tuple[int, int]] = {
     "overhead": (40, 1200),
     "peer_lightning": (50, 1200),
     "checkpoint_io": (75, 1800),
-    "checkpoint_engine": (115, 1800),
-    "scale": (230, 5400),
+    "checkpoint_engine": (200, 1800),
+    "scale": (170, 5400),
     "meta_init": (15, 900),
     "gpu": (5, 1800),
 }
