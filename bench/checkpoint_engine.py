@@ -26,7 +26,7 @@ Saves alternate ABBA, with ``os.sync()`` and a pause (``SETTLE_S``) between them
 alternate ABAB (see ``load_case``). A figure is the median of the per-repeat ratios (the disk
 is shared: whole repeats move together), best times beside.
 
-    python bench/checkpoint_engine.py            # ~3.5 min on 2 cores
+    python bench/checkpoint_engine.py            # ~3 min on 2 cores
 """
 
 from __future__ import annotations
@@ -63,10 +63,11 @@ TARGETS = {"async_blocked_vs_sync": 0.10, "save_throughput_vs_torch": 0.8, "resh
 
 def _repeats(quick: bool) -> tuple[int, int]:
     """Repeats of the saves and of the loads. A cold load's time moves by up to 2x between
-    neighbouring loads on this disk (per-repeat ratios 0.5–2.1): in 4 runs of 12 strictly
-    alternating repeats the median ratio was 0.82–1.19 (6 ABBA repeats: 0.65–1.52); 10 are
-    what ``make bench``'s 10 minutes leave room for."""
-    return (4, 10) if quick else (10, 20)
+    neighbouring loads on this disk (per-repeat ratios 0.4–2.6): in 4 runs of 12 strictly
+    alternating repeats the median ratio was 0.82–1.19, in 2 ``make bench`` runs of 10 it
+    was 1.39 and 1.22 on 2 ranks (0.66 and 0.96 on 1). More than 6 left ``make bench``'s
+    10 minutes too short for the other sections' cases; ``--full`` runs 20."""
+    return (4, 6) if quick else (10, 20)
 
 
 # ----------------------------------------------------------------------------- in the ranks

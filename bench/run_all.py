@@ -31,8 +31,8 @@ SECTIONS: dict[str, tuple[int, int]] = {
     "overhead": (40, 1200),
     "peer_lightning": (50, 1200),
     "checkpoint_io": (75, 1800),
-    "checkpoint_engine": (205, 1800),
-    "scale": (160, 5400),
+    "checkpoint_engine": (115, 1800),
+    "scale": (230, 5400),
     "meta_init": (15, 900),
     "gpu": (5, 1800),
 }
@@ -40,7 +40,7 @@ SECTIONS: dict[str, tuple[int, int]] = {
 #: the budget's end less the time reserved for the sections after it (so a section's leftover
 #: goes to the later ones), and skips, saying so, what does not fit: that happens when other
 #: work shares the machine.
-QUICK_BUDGET_S = 575
+QUICK_BUDGET_S = 560
 GRACE_S = 20
 STEP_TARGET = 1.02
 IO_TARGET = 1.10
