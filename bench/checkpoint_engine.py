@@ -157,7 +157,7 @@ def time_saves(
     """Seconds of a synchronous save, of an asynchronous one as training is blocked by it and
     of every rank ``torch.save``-ing ``local`` into its own file (and of each ``extra``
     contender, ``fn(path)``; one that returns seconds times itself), in this order and then
-    reversed (ABBA: the sync save and ``torch.save`` side by side, each first half of the time),
+    reversed (ABBA: the sync save and ``torch.save`` side by side, each first in half the repeats),
     with ``os.sync()`` and removal in between. Returns every repeat's slowest rank and the
     bytes each contender wrote (on rank 0).
 
@@ -273,7 +273,7 @@ def load_case(work_dir: str, repeats: int, same: str, other: str) -> dict[str, A
     on another (``other``), page cache evicted before each, strictly alternating.
 
     Not ABBA: the guest's eviction leaves the host's cache of the virtual disk, so a load
-    straight after one of the same checkpoint read faster. In ABBA order the second load of
+    straight after one of the same checkpoint reads faster. In ABBA order the second load of
     a repeat was ~1.3x slower than the first, whichever it was, and the median ratio split
     between the two orders (1.25 on 2 ranks: 1.5–1.8 in one order, 0.7–1.0 in the other)."""
     import torch.distributed as dist
