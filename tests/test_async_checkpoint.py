@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -20,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 from shardwise.checkpoint import CheckpointError, find_last_checkpoint, staging_path
 from shardwise.checkpoint.manifest import MANIFEST, verify_manifest
 from shardwise.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
-from tests.distributed import run_distributed
+from tests.distributed import REPO, run_distributed, run_torchrun
 from tests.test_fsdp import Block, TinyTransformer, full_weights, train_lm
 from tests.toy import ToyNet, train_steps
 
@@ -254,6 +256,55 @@ def test_single_device_saves_in_the_background_without_a_process_group(tmp_path)
     assert all(torch.equal(checkpoint["state_dict"][k], v) for k, v in saved.items())
     assert strategy.save_checkpoint("epoch_2.pth", async_save=False) is None
     assert find_last_checkpoint(tmp_path) == str(tmp_path / "epoch_2.pth")
+
+
+_EXIT_WITHOUT_WAITING = """
+import os, sys, time
+from shardwise.checkpoint import sharded
+from shardwise.strategies import FSDPStrategy, SingleDeviceStrategy, base
+from tests.test_fsdp import Block, TinyTransformer, train_lm
+
+rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+if world_size == 1:
+    strategy = SingleDeviceStrategy(work_dir=sys.argv[1])
+else:
+    strategy = FSDPStrategy(work_dir=sys.argv[1], model_wrapper=dict(auto_wrap_policy={Block}))
+optim = dict(optimizer=dict(type="SGD", lr=0.1))
+model, wrapper = strategy.prepare(TinyTransformer(), optim_wrapper=optim)
+train_lm(strategy, model, wrapper, range(2), rank, world_size)
+
+def slowed(write):  # still writing when the script's last line has run
+    def slow(*args):
+        time.sleep(2.0)
+        return write(*args)
+    return slow
+
+if rank == world_size - 1:
+    sharded._RecordingWriter.write_data = slowed(sharded._RecordingWriter.write_data)
+    base.save_full_checkpoint = slowed(base.save_full_checkpoint)
+future = strategy.save_checkpoint("at_exit.ckpt", async_save=True)
+print(f"rank {rank} done before exit: {future.done()}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("world_size", [1, 2], ids=["one process", "FSDP on 2 ranks"])
+def test_interpreter_exit_waits_for_the_save_in_flight_and_commits_it(tmp_path, world_size):
+    script = tmp_path / "exit_without_waiting.py"
+    script.write_text(_EXIT_WITHOUT_WAITING)
+    work_dir = tmp_path / "work"
+    if world_size == 1:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        command = [sys.executable, str(script), str(work_dir)]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stderr
+    else:
+        env = {"PYTHONPATH": str(REPO)}
+        proc = run_torchrun(script, 2, str(work_dir), timeout=180, env=env, cwd=tmp_path)
+    for rank in range(world_size):
+        assert f"rank {rank} done before exit: False" in proc.stdout
+    assert find_last_checkpoint(work_dir) == str(work_dir / "at_exit.ckpt")
+    assert verify_manifest(work_dir / "at_exit.ckpt") == []
+    assert not staging_path(work_dir / "at_exit.ckpt").exists()
 
 
 def test_later_saves_refill_the_host_buffers_of_the_first(tmp_path, monkeypatch):
