@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -163,6 +165,59 @@ def test_resource_limit_is_raised_but_never_above_the_hard_limit():
     if hard != resource.RLIM_INFINITY:
         assert env.set_resource_limit(hard + 1000) == hard
         assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
+
+
+# --------------------------------------------------------------------------- garbage collector
+
+
+@pytest.fixture
+def collector_on():
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    (gc.enable if was else gc.disable)()
+
+
+def test_gc_paused_pauses_the_collector_until_the_outermost_block_ends(collector_on):
+    with env.gc_paused():
+        assert not gc.isenabled()
+        with env.gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_gc_paused_leaves_a_collector_that_was_off_off(collector_on):
+    gc.disable()
+    with env.gc_paused():
+        pass
+    assert not gc.isenabled()
+
+
+def test_gc_paused_blocks_in_two_threads_resume_the_collector_when_both_end(collector_on):
+    entered, leave_first, first_left = (threading.Event() for _ in range(3))
+
+    def first() -> None:
+        with env.gc_paused():
+            entered.set()
+            leave_first.wait(10)
+        first_left.set()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    entered.wait(10)
+    with env.gc_paused():
+        leave_first.set()
+        first_left.wait(10)
+        assert not gc.isenabled()  # the other thread's block ended, this one has not
+    thread.join()
+    assert gc.isenabled()
+
+
+def test_gc_paused_resumes_the_collector_when_the_block_raises(collector_on):
+    with pytest.raises(KeyError), env.gc_paused():
+        raise KeyError("x")
+    assert gc.isenabled()
 
 
 # --------------------------------------------------------------------------- collect_env

@@ -416,6 +416,21 @@ def test_save_and_load_callbacks_edit_the_checkpoint(prepared, tmp_path):
     assert "state_dict" in seen and "state_dict" not in rest
 
 
+def test_saves_and_loads_run_with_the_garbage_collector_paused(prepared, tmp_path):
+    import gc
+
+    collecting = []  # gc.isenabled() inside each call (the callbacks run in its midst)
+    record = lambda _: collecting.append(gc.isenabled())  # noqa: E731
+    gc.enable()
+    for async_save in (False, True):
+        prepared.save_checkpoint("gc.pth", callback=record, async_save=async_save)
+        prepared.wait_for_checkpoint()
+    prepared.load_checkpoint("gc.pth", callback=record)
+    prepared.resume("gc.pth", callback=record)
+    assert collecting == [False] * 4
+    assert gc.isenabled()
+
+
 def test_revise_keys_rename_checkpoint_keys_before_loading(prepared, tmp_path):
     state = {f"backbone.{k}": v + 1 for k, v in prepared.model_state_dict().items()}
     torch.save({"state_dict": state}, tmp_path / "prefixed.pth")

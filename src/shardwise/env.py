@@ -1,4 +1,5 @@
-"""The process environment: random seeds, RNG state, multiprocessing, rlimits, collect_env.
+"""The process environment: random seeds, RNG state, multiprocessing, rlimits, the garbage
+collector, collect_env.
 
 Example::
 
@@ -12,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import platform
@@ -20,7 +23,9 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,7 @@ from shardwise import dist
 __all__ = [
     "capture_rng_state",
     "collect_env",
+    "gc_paused",
     "restore_rng_state",
     "set_multi_processing",
     "set_random_seed",
@@ -198,6 +204,41 @@ def set_multi_processing(
             )
         if value is not None:
             os.environ[var] = str(value)
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0  # blocks inside gc_paused, in every thread
+_gc_resume = False  # whether the collector was enabled when the first of them began
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the block (reference counting still frees
+    what it frees). A checkpoint save or load makes enough container objects to set off a
+    full collection now and then, and in a training process that walks every object torch,
+    the model and the optimizer keep: 0.12-0.17 s with the 100M GPT of bench/ (380k objects,
+    2 cores), three times what an asynchronous save of it blocks training for. Blocks may
+    nest and run in several threads at once; the collector runs again when the last one
+    ends, if it ran before the first. Also a decorator (``@gc_paused()``).
+
+    Example::
+
+        with gc_paused():
+            strategy.resume(path)
+    """
+    global _gc_pauses, _gc_resume
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_resume = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_resume:
+                gc.enable()
 
 
 def set_resource_limit(nofile: int = 4096) -> int | None:

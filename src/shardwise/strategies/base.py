@@ -45,6 +45,7 @@ from shardwise.checkpoint.retention import Retention, check_max_keep_ckpts
 from shardwise.env import (
     capture_rng_state,
     collect_env,
+    gc_paused,
     restore_rng_state,
     set_multi_processing,
     set_random_seed,
@@ -685,6 +686,7 @@ class BaseStrategy:
         state["meta"] = meta
         return state
 
+    @gc_paused()
     def save_checkpoint(
         self,
         filename: str | os.PathLike[str],
@@ -882,6 +884,7 @@ class BaseStrategy:
         path = self._find_checkpoint(filename)
         return read_checkpoint(path, map_location=self._map_location(map_location))
 
+    @gc_paused()
     def load_checkpoint(
         self,
         filename: str | os.PathLike[str],
@@ -909,6 +912,7 @@ class BaseStrategy:
         )
         return checkpoint
 
+    @gc_paused()
     def resume(
         self,
         filename: str | os.PathLike[str],
