@@ -489,8 +489,13 @@ def test_an_existing_destination_is_refused_unless_overwrite(full_ckpt, tmp_path
     code, _, err = _run(capsys, "convert", full_ckpt, dst, "--to", "full")
     assert code == 2 and f"{str(dst)!r} already exists" in err and "--overwrite" in err
     assert dst.read_bytes() == b"keep me"
-    assert _run(capsys, "convert", full_ckpt, dst, "--to", "full", "--overwrite")[0] == 0
-    assert verify_checkpoint(dst).ok
+    code, _, err = _run(capsys, "convert", full_ckpt, dst, "--to", "full", "--overwrite")
+    assert code == 2 and "not a committed shardwise checkpoint" in err
+    assert dst.read_bytes() == b"keep me"  # --overwrite replaces checkpoints, nothing else
+    dst.unlink()
+    assert _run(capsys, "convert", full_ckpt, dst, "--to", "full")[0] == 0
+    assert _run(capsys, "convert", full_ckpt, dst, "--to", "sharded", "--overwrite")[0] == 0
+    assert dst.is_dir() and verify_checkpoint(dst).ok
 
 
 def test_converting_onto_or_into_the_source_is_refused(full_ckpt, fsdp_ckpts, tmp_path):

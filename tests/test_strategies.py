@@ -498,6 +498,7 @@ def test_saving_before_the_first_step_leaves_training_unchanged(tmp_path):
 def test_a_full_save_is_hashed_while_written_not_read_back(prepared, tmp_path, monkeypatch):
     import xxhash
 
+    import shardwise.checkpoint.commit as commit
     import shardwise.checkpoint.manifest as manifest
     from shardwise.checkpoint.verify import verify_checkpoint
 
@@ -505,6 +506,7 @@ def test_a_full_save_is_hashed_while_written_not_read_back(prepared, tmp_path, m
         raise AssertionError(f"{path} was read back to hash it")
 
     monkeypatch.setattr(manifest, "file_checksum", no_second_read)
+    monkeypatch.setattr(commit, "file_checksum", no_second_read)
     prepared.save_checkpoint("hashed.pth")
     monkeypatch.undo()
     recorded = manifest.read_manifest(tmp_path / "hashed.pth")

@@ -60,7 +60,8 @@ import torch
 import torch.distributed as torch_dist
 from torch.distributed.tensor import DTensor
 
-from .commit import CheckpointCommit, CheckpointError, _format
+from .commit import CheckpointCommit
+from .files import CheckpointError
 
 __all__ = ["AsyncCheckpointer"]
 
@@ -255,7 +256,7 @@ class AsyncCheckpointer:
                     self._copy_pending()
                     commit.record(*write())
                 except Exception as exc:  # noqa: BLE001 - every rank learns of it in finish()
-                    error = _format(exc)
+                    error = exc
                 commit.finish(error)
             except CheckpointError as exc:
                 future.set_exception(exc)

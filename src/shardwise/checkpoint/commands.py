@@ -99,7 +99,7 @@ def _error(command: str, message: Any, status: int) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .commit import CheckpointError
+    from .files import CheckpointError
     from .inspect import format_inspection, inspect_checkpoint
 
     try:
@@ -113,8 +113,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from .commit import CheckpointError
     from .convert import convert_checkpoint
+    from .files import CheckpointError
 
     if args.to == "safetensors" and not args.model_only:
         print("note: a safetensors file holds the model weights only", file=sys.stderr)

@@ -9,6 +9,10 @@ interrupted save are removed by the next save into the same folder. A rank that 
 the others (one was killed) gets a :class:`CheckpointError` when the agreement fails, at the
 collective timeout at the latest.
 
+A save never deletes what it did not write: a destination that exists must be a committed
+checkpoint (one with its manifest), else the save is refused before anything is written; a
+retired checkpoint without a manifest is left alone, and only our own leftovers are cleaned.
+
 Example::
 
     commit = CheckpointCommit(path, work_dir=work_dir)
@@ -25,14 +29,28 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import torch.distributed as dist
+
+from .files import (
+    LAST_CHECKPOINT,
+    REPLACED_SUFFIX,
+    SIDECAR_SUFFIX,
+    STAGING_SUFFIX,
+    CheckpointError,
+    atomic_write_text,
+    describe_error,
+    fsync_dir,
+    remove_path,
+    replaced_path,
+    sidecar_path,
+    staging_path,
+)
+from .manifest import ALGORITHM, file_checksum, is_committed, is_manifest, stage_manifest
 
 __all__ = [
     "CheckpointError",
@@ -41,129 +59,73 @@ __all__ = [
     "clean_leftovers",
     "remove_checkpoint",
     "write_last_checkpoint",
-    "find_last_checkpoint",
     "LAST_CHECKPOINT",
 ]
 
-LAST_CHECKPOINT = "last_checkpoint"
-_STAGING_SUFFIX = ".partial"
-_REPLACED_SUFFIX = ".replaced"
-_SIDECAR_SUFFIX = ".manifest.json"  # a file checkpoint's manifest: NAME.manifest.json
-
-#: What a rank tells the others when a save ends: its error (a traceback) or None, and the
+#: What a rank tells the others when a save ends: its error (one line) or None, and the
 #: manifest entries of the files it wrote (``{relative name: {'size', ALGORITHM}}``).
 _Outcome = tuple[str | None, dict[str, dict[str, Any]]]
 
 logger = logging.getLogger(__name__)
 
 
-class CheckpointError(RuntimeError):
-    """A save or load failed on at least one rank; raised on every rank."""
-
-
-def staging_path(final: str | os.PathLike[str]) -> Path:
-    """The temporary name a checkpoint is written under, beside its final name."""
-    final = Path(final)
-    return final.with_name(f".{final.name}{_STAGING_SUFFIX}")
-
-
-def _replaced_path(final: Path) -> Path:
-    return final.with_name(f".{final.name}{_REPLACED_SUFFIX}")
-
-
-def _sidecar(checkpoint: Path) -> Path:
-    return checkpoint.with_name(checkpoint.name + _SIDECAR_SUFFIX)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
 def remove_checkpoint(path: str | os.PathLike[str]) -> None:
     """Delete a checkpoint (file or directory) and the manifest sidecar of a file checkpoint;
     a missing path is no error. For ``max_keep_ckpts`` and the like (call it on one rank)."""
     path = Path(path)
-    _remove(path)
-    _sidecar(path).unlink(missing_ok=True)
-    staging_path(_sidecar(path)).unlink(missing_ok=True)
+    remove_path(path)
+    sidecar_path(path).unlink(missing_ok=True)
+    staging_path(sidecar_path(path)).unlink(missing_ok=True)
 
 
 def clean_leftovers(directory: str | os.PathLike[str]) -> list[Path]:
     """Remove what interrupted saves left in ``directory`` (staging paths, replaced
     checkpoints, manifests whose checkpoint is gone); returns the removed paths. A replaced
     checkpoint whose successor never arrived (a crash between the two renames of an overwrite)
-    is moved back to its name instead."""
+    is moved back to its name instead. A ``*.manifest.json`` that is not a manifest is kept."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
     removed = []
     for entry in sorted(directory.iterdir()):
         hidden = entry.name.startswith(".")
-        if hidden and entry.name.endswith(_REPLACED_SUFFIX):
-            final = entry.with_name(entry.name[1 : -len(_REPLACED_SUFFIX)])
+        if hidden and entry.name.endswith(REPLACED_SUFFIX):
+            final = entry.with_name(entry.name[1 : -len(REPLACED_SUFFIX)])
             if not final.exists():  # crashed between the two renames: put the old one back
                 os.replace(entry, final)
                 continue
-            _remove(entry)
+            remove_path(entry)
             removed.append(entry)
-        elif hidden and entry.name.endswith(_STAGING_SUFFIX):
-            _remove(entry)
+        elif hidden and entry.name.endswith(STAGING_SUFFIX):
+            remove_path(entry)
             removed.append(entry)
-        elif entry.name.endswith(_SIDECAR_SUFFIX) and entry.is_file():
-            checkpoint = entry.with_name(entry.name[: -len(_SIDECAR_SUFFIX)])
-            if checkpoint.name and not checkpoint.exists():
+        elif entry.name.endswith(SIDECAR_SUFFIX) and entry.is_file():
+            checkpoint = entry.with_name(entry.name[: -len(SIDECAR_SUFFIX)])
+            if checkpoint.name and not checkpoint.exists() and is_manifest(entry):
                 entry.unlink(missing_ok=True)
                 removed.append(entry)
     return removed
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}{_STAGING_SUFFIX}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def write_last_checkpoint(work_dir: str | os.PathLike[str], checkpoint: str | os.PathLike) -> None:
     """Point ``work_dir/last_checkpoint`` at ``checkpoint`` (atomically)."""
-    _atomic_write_text(Path(work_dir) / LAST_CHECKPOINT, str(Path(checkpoint).absolute()))
+    atomic_write_text(Path(work_dir) / LAST_CHECKPOINT, str(Path(checkpoint).absolute()))
 
 
-def find_last_checkpoint(work_dir: str | os.PathLike[str]) -> str | None:
-    """The latest committed checkpoint recorded in ``work_dir``, or None if there is none.
-    If a crash interrupted its overwrite (it is still under its ``.NAME.replaced`` name, which
-    the next save moves back), that path."""
-    record = Path(work_dir) / LAST_CHECKPOINT
-    if not record.is_file():
-        return None
-    target = record.read_text().strip()
-    if not target:
-        return None
-    path = Path(target)
-    if not path.is_absolute():
-        path = Path(work_dir) / path
-    if not path.exists() and _replaced_path(path).exists():
-        return str(_replaced_path(path))  # a crash while it was being overwritten: the old one
-    return str(path) if path.exists() else None
+def check_replaceable(final: Path) -> None:
+    """Refuse a destination that a save would delete although it is not a committed
+    checkpoint (a user's folder or file, a checkpoint without its manifest)."""
+    if not (final.exists() or final.is_symlink()) or (
+        not final.is_symlink() and is_committed(final)
+    ):
+        return
+    kind = "symlink" if final.is_symlink() else "folder" if final.is_dir() else "file"
+    raise CheckpointError(
+        f"refusing to save to {final}: a {kind} is there that is not a committed shardwise "
+        "checkpoint (it has no manifest), and saving would replace it. Save under another "
+        "name or move it away; if it is an old checkpoint you mean to overwrite, delete it or "
+        f"mark it with `shardwise ckpt verify --write-manifest {final}`"
+    )
 
 
 def _commit_on_rank0(
@@ -173,21 +135,22 @@ def _commit_on_rank0(
     digests: dict[str, dict[str, Any]],
     retire: list[Path],
 ) -> None:
-    from .manifest import stage_manifest  # manifest.py imports this module
-
     manifest = stage_manifest(staging, final, known=digests)  # hashes what no rank reported
-    replaced = _replaced_path(final)
+    replaced = replaced_path(final)
     if final.exists():
-        _remove(replaced)
+        remove_path(replaced)
         os.replace(final, replaced)
     os.replace(staging, final)
     manifest.commit()
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     if work_dir is not None:
         write_last_checkpoint(work_dir, final)
-    _remove(replaced)
+    remove_path(replaced)
     for old in retire:
         if old == final:
+            continue
+        if old.exists() and not is_committed(old):
+            logger.warning("Not deleting the outdated checkpoint %s: it has no manifest", old)
             continue
         try:
             remove_checkpoint(old)
@@ -206,31 +169,34 @@ def _gather(obj: Any, group: dist.ProcessGroup | None, what: str) -> list[Any]:
     except Exception as exc:  # noqa: BLE001 - gloo/NCCL raise RuntimeError & co.
         raise CheckpointError(
             f"{what}: this rank could not reach the others to agree on the outcome (a rank "
-            f"crashed, was killed, or the collective timed out): {type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+            f"crashed, was killed, or the collective timed out): {describe_error(exc)}"
         ) from exc
     return gathered
 
 
-def _raise_if_any(errors: list[str | None], what: str) -> None:
+def raise_if_any(errors: Sequence[str | None], what: str, cause: BaseException | None = None):
+    """Raise :class:`CheckpointError` naming every rank that failed, one line each (the
+    rank's own exception, ``cause``, chained where this rank is one of them)."""
     failed = [(rank, err) for rank, err in enumerate(errors) if err is not None]
-    if failed:
-        details = "\n".join(f"--- rank {rank} ---\n{err}" for rank, err in failed)
-        ranks = ", ".join(str(rank) for rank, _ in failed)
-        raise CheckpointError(f"{what} failed on rank(s) {ranks}:\n{details}")
-
-
-def _format(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if not failed:
+        return
+    if len(failed) == 1:
+        message = f"{what} failed on rank {failed[0][0]}: {failed[0][1]}"
+    else:
+        message = f"{what} failed on {len(failed)} ranks:\n" + "\n".join(
+            f"  rank {rank}: {err}" for rank, err in failed
+        )
+    raise CheckpointError(message) from cause
 
 
 class CheckpointCommit:
     """One save through the commit protocol (a context manager, or :meth:`begin` then
     :meth:`finish`).
 
-    Entering removes an earlier save's leftovers (rank 0) and yields the staging path;
-    every rank writes its part there and may :meth:`record` the files it wrote. Leaving
-    gathers every rank's outcome: if any rank failed, the staging path is removed and
+    Entering checks that the destination may be replaced (:func:`check_replaceable`),
+    removes an earlier save's leftovers (rank 0) and yields the staging path; every rank
+    writes its part there and may :meth:`record` the files it wrote. Leaving gathers every
+    rank's outcome: if any rank failed, the staging path is removed and
     :class:`CheckpointError` is raised on every rank; otherwise rank 0 writes the manifest
     (from the digests the ranks recorded; it hashes only files nobody recorded), renames the
     staging path into place, updates ``work_dir/last_checkpoint`` and deletes the checkpoints
@@ -278,23 +244,25 @@ class CheckpointCommit:
             if checksum is not None:
                 self._hashed[path] = checksum
 
-    def begin(self, error: str | None = None) -> Path:
-        """Rank 0 prepares the staging path; every rank learns whether that, or any rank's
-        own ``error`` (e.g. staging to host memory failed), went wrong. Returns the staging
-        path. A collective."""
+    def begin(self, error: BaseException | None = None) -> Path:
+        """Rank 0 checks the destination and prepares the staging path; every rank learns
+        whether that, or any rank's own ``error`` (e.g. staging to host memory failed), went
+        wrong. Returns the staging path. A collective."""
         if self._rank == 0 and error is None:
             try:
+                check_replaceable(self.final)
                 self.final.parent.mkdir(parents=True, exist_ok=True)
                 clean_leftovers(self.final.parent)
                 if self.is_dir:
                     self.staging.mkdir()
-            except OSError:
-                error = traceback.format_exc()
-        what = f"preparing {self.final}"
-        _raise_if_any(_gather(error, self.group, what), what)
+            except (OSError, CheckpointError) as exc:
+                error = exc
+        what = f"saving {self.final}"
+        message = None if error is None else describe_error(error)
+        raise_if_any(_gather(message, self.group, what), what, error)
         return self.staging
 
-    def finish(self, error: str | None = None) -> None:
+    def finish(self, error: BaseException | None = None) -> None:
         """Agree on the outcome and commit (or discard) the save; ``error`` is this rank's
         failure, if any. Raises :class:`CheckpointError` on every rank when any rank failed.
         A collective."""
@@ -303,28 +271,28 @@ class CheckpointCommit:
             try:
                 digests = self._digests()
             except Exception as exc:  # noqa: BLE001 - reported to every rank below
-                error = _format(exc)
+                error = exc
         saving = f"saving {self.final}"
-        outcomes: list[_Outcome] = _gather((error, digests), self.group, saving)
+        message = None if error is None else describe_error(error)
+        outcomes: list[_Outcome] = _gather((message, digests), self.group, saving)
         errors = [err for err, _ in outcomes]
         commit_error = None
         if self._rank == 0:
             try:
                 if any(err is not None for err in errors):
-                    _remove(self.staging)
+                    remove_path(self.staging)
                 else:
                     merged = {k: v for _, d in outcomes for k, v in d.items()}
                     _commit_on_rank0(self.staging, self.final, self.work_dir, merged, self.retire)
             except Exception as exc:  # noqa: BLE001 - reported to every rank below
-                commit_error = _format(exc)
+                commit_error = exc
         committing = f"committing {self.final}"
-        commit_errors = _gather(commit_error, self.group, committing)  # staging gone or renamed
-        _raise_if_any(errors, saving)
-        _raise_if_any(commit_errors, committing)
+        message = None if commit_error is None else describe_error(commit_error)
+        commit_errors = _gather(message, self.group, committing)  # staging gone or renamed
+        raise_if_any(errors, saving, error)
+        raise_if_any(commit_errors, committing, commit_error)
 
     def _digests(self) -> dict[str, dict[str, Any]]:
-        from .manifest import ALGORITHM, file_checksum
-
         digests = {}
         for path in self._written:
             if path == self.staging:
@@ -346,5 +314,5 @@ class CheckpointCommit:
     ) -> bool:
         if exc_type is not None and not issubclass(exc_type, Exception):
             return False  # KeyboardInterrupt & co.: no collective, leave leftovers for later
-        self.finish(_format(exc) if exc is not None else None)
+        self.finish(exc)
         return False

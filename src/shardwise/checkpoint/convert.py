@@ -33,9 +33,9 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from .commit import CheckpointCommit, CheckpointError
+from .commit import CheckpointCommit, check_replaceable
+from .files import CheckpointError
 from .full import save_full_checkpoint
-from .manifest import stage_manifest
 from .reader import (
     MODEL,
     CheckpointReader,
@@ -87,6 +87,10 @@ def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
                 f"destination {str(dst)!r} is the source checkpoint; write the conversion to "
                 "another path"
             )
+        try:
+            check_replaceable(dst.absolute())
+        except CheckpointError as exc:
+            raise FileExistsError(str(exc)) from None
     if src.is_dir() and dst.resolve().is_relative_to(src.resolve()):
         raise ValueError(
             f"destination {str(dst)!r} is inside the source checkpoint {str(src)!r}; write the "
@@ -191,14 +195,15 @@ def convert_checkpoint(
         dtype: cast floating-point model weights to ``'bf16'``, ``'fp16'`` or ``'fp32'``.
         model_only: keep the weights and ``meta``, drop the optimizer, schedulers and extras
             (a safetensors file always holds the weights only).
-        overwrite: replace ``dst`` if it exists (atomically: the old one stays until the new
-            one is complete).
+        overwrite: replace ``dst`` if it is a checkpoint (atomically: the old one stays until
+            the new one is complete); anything else there is never replaced.
         progress: show a progress bar on stderr.
 
     Raises:
         ValueError: an unknown ``to`` or ``dtype``, or ``dst`` is (inside) ``src``.
         FileNotFoundError: ``src`` does not exist.
-        FileExistsError: ``dst`` exists and ``overwrite`` is False.
+        FileExistsError: ``dst`` exists and ``overwrite`` is False, or it is not a committed
+            checkpoint (no manifest).
         CheckpointError: ``src`` is damaged, or a local checkpoint.
         RuntimeError: called inside a process group of more than one rank.
     """
@@ -253,14 +258,10 @@ def convert_checkpoint(
                 state["meta"]["format"] = to
                 _write(state, staging, to)
                 del state
-            # Until CheckpointCommit records manifests itself (then this and manifest.commit()
-            # below are redundant, and harmless).
-            manifest = stage_manifest(staging, dst.absolute())
     except CheckpointError as exc:
         if isinstance(exc.__context__, Exception):  # the staging files are gone: say why
             raise exc.__context__ from None
         raise
-    manifest.commit()
     logger.info(
         "Converted %s (%s) to %s (%s) in %.2f s",
         src,

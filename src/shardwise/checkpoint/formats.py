@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch
 
-from .commit import CheckpointError
+from .files import CheckpointError
 from .full import load_full_checkpoint
 from .local import local_ranks
 from .sharded import DCP_METADATA, load_sharded_checkpoint

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .commit import CheckpointError
+from .files import CheckpointError
 from .manifest import new_checksum
 from .mmengine_compat import mmengine_safe_globals, mmengine_to_plain
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from .commit import CheckpointError
+from .files import CheckpointError
 from .full import WrittenFile, load_full_checkpoint, save_full_checkpoint
 
 __all__ = ["load_local_checkpoint", "local_ranks", "rank_file", "save_local_checkpoint"]

@@ -34,20 +34,30 @@ import json
 import os
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
-from .commit import _SIDECAR_SUFFIX, CheckpointError, _atomic_write_text, _fsync_dir, staging_path
+from .files import (
+    CheckpointError,
+    atomic_write_text,
+    fsync_dir,
+    sidecar_path,
+    staging_path,
+    write_synced,
+)
 
 __all__ = [
     "MANIFEST",
     "PendingManifest",
     "Problem",
     "build_manifest",
+    "check_checksums",
+    "is_committed",
+    "is_manifest",
     "ALGORITHM",
     "Checksum",
     "file_checksum",
@@ -89,7 +99,7 @@ def manifest_path(checkpoint: str | os.PathLike[str]) -> Path:
     checkpoint = Path(checkpoint)
     if checkpoint.is_dir():
         return checkpoint / MANIFEST
-    return checkpoint.with_name(checkpoint.name + _SIDECAR_SUFFIX)
+    return sidecar_path(checkpoint)
 
 
 class Checksum:
@@ -184,8 +194,35 @@ def write_manifest(checkpoint: str | os.PathLike[str], *, on_bytes: OnBytes | No
     if not checkpoint.exists():
         raise FileNotFoundError(f"checkpoint {str(checkpoint)!r} does not exist")
     target = manifest_path(checkpoint)
-    _atomic_write_text(target, _dump(build_manifest(checkpoint, on_bytes=on_bytes)))
+    atomic_write_text(target, _dump(build_manifest(checkpoint, on_bytes=on_bytes)))
     return target
+
+
+def _parse(target: Path) -> dict[str, Any]:
+    manifest = json.loads(target.read_text())
+    files = manifest["files"]
+    algorithm = manifest.get("algorithm")
+    if algorithm not in _LABELS or not all(
+        isinstance(v.get("size"), int) and isinstance(v.get(algorithm), str)
+        for v in files.values()
+    ):
+        raise ValueError("unknown algorithm or malformed file entries")
+    return manifest
+
+
+def is_manifest(path: str | os.PathLike[str]) -> bool:
+    """Whether the file at ``path`` is a manifest (of any checkpoint)."""
+    try:
+        _parse(Path(path))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return True
+
+
+def is_committed(checkpoint: str | os.PathLike[str]) -> bool:
+    """Whether ``checkpoint`` is a committed checkpoint: it has a valid manifest (the commit
+    protocol records one with every checkpoint it commits)."""
+    return is_manifest(manifest_path(checkpoint))
 
 
 def read_manifest(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -198,27 +235,23 @@ def read_manifest(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not target.is_file():
         return None
     try:
-        manifest = json.loads(target.read_text())
-        files = manifest["files"]
-        algorithm = manifest.get("algorithm")
-        if algorithm not in _LABELS or not all(
-            isinstance(v.get("size"), int) and isinstance(v.get(algorithm), str)
-            for v in files.values()
-        ):
-            raise ValueError("unknown algorithm or malformed file entries")
+        return _parse(target)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointError(
             f"{target} is not a valid manifest ({exc}); delete it, or record a new one with "
             "`shardwise ckpt verify --write-manifest` once the checkpoint is known to be good"
         ) from exc
-    return manifest
 
 
 def verify_manifest(
-    checkpoint: str | os.PathLike[str], *, on_bytes: OnBytes | None = None
+    checkpoint: str | os.PathLike[str],
+    *,
+    on_bytes: OnBytes | None = None,
+    files: Iterable[str] | None = None,
 ) -> list[Problem]:
-    """Compare every file the manifest lists with what is on disk; return what differs
-    (an empty list: every file is present, with the recorded size and checksum).
+    """Compare every file the manifest lists (or the listed ones among ``files``, names
+    relative to a directory checkpoint) with what is on disk; return what differs (an empty
+    list: every file is present, with the recorded size and checksum).
 
     Raises:
         FileNotFoundError: ``checkpoint`` has no manifest.
@@ -231,12 +264,15 @@ def verify_manifest(
             f"{checkpoint} has no manifest ({manifest_path(checkpoint).name}); record one with "
             "write_manifest() or `shardwise ckpt verify --write-manifest`"
         )
-    files = manifest["files"]
-    if checkpoint.is_file() and checkpoint.name not in files and len(files) == 1:
-        files = {checkpoint.name: next(iter(files.values()))}  # renamed with its sidecar
+    recorded_files = manifest["files"]
+    if checkpoint.is_file() and checkpoint.name not in recorded_files and len(recorded_files) == 1:
+        recorded_files = {checkpoint.name: next(iter(recorded_files.values()))}  # renamed
+    if files is not None:
+        wanted = set(files)
+        recorded_files = {k: v for k, v in recorded_files.items() if k in wanted}
     algorithm = manifest["algorithm"]
     problems = []
-    for rel, recorded in files.items():
+    for rel, recorded in recorded_files.items():
         path = checkpoint / rel if checkpoint.is_dir() else checkpoint.with_name(rel)
         if not path.is_file():
             problems.append(Problem(rel, "missing (the manifest lists it)"))
@@ -259,6 +295,24 @@ def verify_manifest(
     return problems
 
 
+def check_checksums(
+    checkpoint: str | os.PathLike[str], files: Iterable[str] | None = None
+) -> None:
+    """Before loading: raise :class:`CheckpointError` naming every file of ``checkpoint``
+    (among ``files``, default all) whose bytes differ from its manifest. A checkpoint without
+    a manifest (written before manifests, or by another tool) has nothing to compare with and
+    passes."""
+    if not manifest_path(checkpoint).is_file():
+        return
+    problems = verify_manifest(checkpoint, files=files)
+    if problems:
+        raise CheckpointError(
+            f"refusing to load {checkpoint}: its bytes differ from the checksums recorded when "
+            f"it was saved ({'; '.join(map(str, problems))}). Load an older checkpoint, or "
+            "pass verify_checksums=False to load it anyway"
+        )
+
+
 class PendingManifest:
     """A manifest staged by :func:`stage_manifest`; :meth:`commit` moves a file
     checkpoint's sidecar into place (a directory's manifest travels with the directory).
@@ -271,7 +325,7 @@ class PendingManifest:
     def commit(self) -> None:
         if self._staged is not None and self._final is not None and self._staged.exists():
             os.replace(self._staged, self._final)
-            _fsync_dir(self._final.parent)
+            fsync_dir(self._final.parent)
 
 
 def stage_manifest(
@@ -290,19 +344,13 @@ def stage_manifest(
     manifest or the one that describes it.
     """
     staging, final = Path(staging), Path(final)
-    sidecar = final.with_name(final.name + _SIDECAR_SUFFIX)
+    sidecar = sidecar_path(final)
     if staging.is_dir():
-        _write_synced(staging / MANIFEST, _dump(build_manifest(staging, known=known)))
+        write_synced(staging / MANIFEST, _dump(build_manifest(staging, known=known)))
         sidecar.unlink(missing_ok=True)  # left by a file checkpoint this directory replaces
         return PendingManifest()
     staged = staging_path(sidecar)
-    _write_synced(staged, _dump(build_manifest(staging, name=final.name, known=known)))
+    write_synced(staged, _dump(build_manifest(staging, name=final.name, known=known)))
     sidecar.unlink(missing_ok=True)
     return PendingManifest(staged, sidecar)
 
-
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())

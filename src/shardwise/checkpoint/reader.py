@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from .commit import CheckpointError
+from .files import CheckpointError
 from .formats import detect_format
 from .full import load_full_checkpoint
 from .local import local_ranks, rank_file

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from .commit import CheckpointError
+from .files import CheckpointError
 
 __all__ = ["SafeFileSystemReader", "load_dcp_metadata"]
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from .commit import CheckpointError
+from .files import CheckpointError
 from .reader import MODEL, SAFETENSORS_DTYPES, CheckpointReader, TensorInfo
 
 __all__ = ["export_safetensors", "safetensors_header"]

@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from .commit import CheckpointError
+from .files import CheckpointError, describe_error
 from .full import HashingWriter, WrittenFile, load_full_checkpoint, save_full_checkpoint
 from .safe_dcp import SafeFileSystemReader
 
@@ -253,12 +253,21 @@ def save_sharded_checkpoint(
                 process_group=process_group,
             )
     except CheckpointException as exc:  # a BaseException: turn it into an ordinary error
-        raise CheckpointError(f"DCP could not save {path}: {exc}") from None
+        raise dcp_error("save", path, exc) from None
     written: list[Path | WrittenFile] = list(writer.written)
     rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
     if rank == 0:
         written.append(save_full_checkpoint(skeleton, path / META_FILE))
     return written
+
+
+def dcp_error(action: str, path: Path | str, exc: CheckpointException) -> CheckpointError:
+    """DCP's failure (a ``BaseException`` carrying each failed rank's traceback) as one line
+    naming the checkpoint and, for each rank that failed, its error."""
+    failures = "; ".join(
+        f"rank {rank}: {describe_error(error)}" for rank, (error, _) in sorted(exc.failures.items())
+    )
+    return CheckpointError(f"DCP could not {action} {path} ({failures})")
 
 
 def _full_tensor(path: tuple[str, ...], shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -306,7 +315,10 @@ def load_sharded_tensors(
     if targets:
         with warnings.catch_warnings():  # no_dist is what we asked for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(targets, storage_reader=SafeFileSystemReader(path), no_dist=no_dist)
+            try:
+                dcp.load(targets, storage_reader=SafeFileSystemReader(path), no_dist=no_dist)
+            except CheckpointException as exc:  # a BaseException: turn it into an ordinary error
+                raise dcp_error("load", path, exc) from None
     return _fill(skeleton, targets)
 
 

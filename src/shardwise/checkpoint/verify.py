@@ -30,7 +30,7 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
-from .commit import CheckpointError
+from .files import CheckpointError
 from .local import local_ranks, rank_file
 from .manifest import OnBytes, Problem, manifest_path, read_manifest, verify_manifest
 from .reader import (

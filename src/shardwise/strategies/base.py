@@ -19,7 +19,6 @@ import dataclasses
 import os
 import re
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -777,8 +776,8 @@ class BaseStrategy:
         staged, error = None, None
         try:
             staged = self._stage_checkpoint(state, fmt)
-        except Exception:  # noqa: BLE001 - every rank raises it from begin()
-            error = traceback.format_exc()
+        except Exception as exc:  # noqa: BLE001 - every rank raises it from begin()
+            error = exc
         del state
         try:
             staging = commit.begin(error)

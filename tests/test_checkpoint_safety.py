@@ -1,0 +1,169 @@
+"""Nothing lost: a save never deletes what it did not write, and a resume finds the newest
+committed checkpoint even when ``last_checkpoint`` is wrong."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from shardwise.checkpoint import CheckpointError, clean_leftovers, find_last_checkpoint
+from shardwise.checkpoint.manifest import manifest_path
+from shardwise.strategies import FSDPStrategy, SingleDeviceStrategy
+from tests.distributed import run_distributed
+from tests.test_fsdp import Block, TinyTransformer
+from tests.toy import ToyNet
+
+OPTIM = dict(optimizer=dict(type="SGD", lr=0.1))
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (or ``root`` itself) with the SHA-256 of its bytes."""
+    root = Path(root)
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def _strategy(work_dir, **kwargs) -> SingleDeviceStrategy:
+    strategy = SingleDeviceStrategy(work_dir=str(work_dir), **kwargs)
+    strategy.prepare(ToyNet(), optim_wrapper=OPTIM)
+    return strategy
+
+
+def _user_folder(path: Path) -> Path:
+    (path / "plots").mkdir(parents=True)
+    (path / "results.csv").write_text("epoch,acc\n1,0.5\n")
+    (path / "plots" / "loss.png").write_bytes(os.urandom(256))
+    return path
+
+
+# ----------------------------------------------------------------------------- destinations
+@pytest.mark.parametrize("kind", ["folder", "file", "checkpoint without its manifest"])
+def test_a_save_onto_something_that_is_not_our_checkpoint_is_refused(tmp_path, kind):
+    strategy = _strategy(tmp_path / "run")
+    target = tmp_path / "run" / "x.pth"
+    if kind == "folder":
+        _user_folder(target)
+    elif kind == "file":
+        target.write_bytes(b"my notes")
+    else:
+        strategy.save_checkpoint(target)
+        manifest_path(target).unlink()
+    before = tree_digest(tmp_path)
+    with pytest.raises(CheckpointError, match=r"refusing to save to .*x\.pth: a .* not a committed"):
+        strategy.save_checkpoint("x.pth")
+    with pytest.raises(CheckpointError, match="refusing to save"):
+        strategy.save_checkpoint("x.pth", async_save=True)
+    assert tree_digest(tmp_path) == before
+
+
+def test_overwriting_our_own_checkpoint_stays_atomic_and_allowed(tmp_path):
+    strategy = _strategy(tmp_path)
+    strategy.save_checkpoint("x.pth")
+    first = tree_digest(tmp_path / "x.pth")
+    strategy.model.net[0].weight.data += 1
+    strategy.save_checkpoint("x.pth")
+    assert tree_digest(tmp_path / "x.pth") != first
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("x")) == [
+        "x.pth",
+        "x.pth.manifest.json",
+    ]
+
+
+def _save_onto_user_folder(work_dir):
+    strategy = FSDPStrategy(work_dir=work_dir, model_wrapper=dict(auto_wrap_policy={Block}))
+    strategy.prepare(TinyTransformer(), optim_wrapper=OPTIM)
+    try:
+        strategy.save_checkpoint("results")
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
+def test_the_refusal_is_raised_on_every_rank_of_a_sharded_save(tmp_path):
+    _user_folder(tmp_path / "results")
+    before = tree_digest(tmp_path / "results")
+    messages = run_distributed(_save_onto_user_folder, 2, str(tmp_path))
+    assert all(m is not None and "refusing to save" in m and "results" in m for m in messages)
+    assert tree_digest(tmp_path / "results") == before
+
+
+def test_cleaning_leftovers_keeps_a_json_file_that_is_not_a_manifest(tmp_path):
+    notes = tmp_path / "run.manifest.json"
+    notes.write_text('{"my": "notes"}')
+    assert clean_leftovers(tmp_path) == []
+    assert notes.read_text() == '{"my": "notes"}'
+
+
+def test_retention_never_deletes_a_retired_path_that_is_no_checkpoint(tmp_path):
+    strategy = _strategy(tmp_path, max_keep_ckpts=1)
+    strategy.save_checkpoint("iter_1.pth")
+    (tmp_path / "iter_1.pth").unlink()
+    (tmp_path / "iter_1.pth.manifest.json").unlink()
+    _user_folder(tmp_path / "iter_1.pth")  # the name now holds someone's folder
+    before = tree_digest(tmp_path / "iter_1.pth")
+    strategy.save_checkpoint("iter_2.pth")
+    assert tree_digest(tmp_path / "iter_1.pth") == before
+
+
+# ----------------------------------------------------------------------------- latest
+def _saved(work_dir, *names) -> SingleDeviceStrategy:
+    strategy = _strategy(work_dir)
+    for name in names:
+        time.sleep(0.01)  # distinct manifest times
+        strategy.save_checkpoint(name)
+    return strategy
+
+
+def test_a_dangling_last_checkpoint_falls_back_to_the_newest_committed(tmp_path, caplog):
+    _saved(tmp_path, "iter_1.pth", "iter_2.pth", "iter_3.pth")
+    for suffix in ("", ".manifest.json"):
+        os.remove(tmp_path / f"iter_3.pth{suffix}")
+    with caplog.at_level(logging.WARNING, logger="shardwise"):
+        assert find_last_checkpoint(tmp_path) == str(tmp_path / "iter_2.pth")
+    assert "iter_3.pth, which does not exist" in caplog.text and "iter_2.pth" in caplog.text
+
+
+def test_a_checkpoint_committed_after_the_pointer_was_written_wins(tmp_path, caplog):
+    _saved(tmp_path, "iter_1.pth", "iter_2.pth")
+    # a crash between the commit of iter_2 and the update of last_checkpoint
+    pointer = tmp_path / "last_checkpoint"
+    pointer.write_text(str(tmp_path / "iter_1.pth"))
+    old = manifest_path(tmp_path / "iter_2.pth").stat().st_mtime_ns - 1_000_000
+    os.utime(pointer, ns=(old, old))
+    with caplog.at_level(logging.WARNING, logger="shardwise"):
+        assert find_last_checkpoint(tmp_path) == str(tmp_path / "iter_2.pth")
+    assert "committed after it was written" in caplog.text
+
+
+def test_no_pointer_at_all_still_finds_the_newest(tmp_path):
+    _saved(tmp_path, "b.pth", "a.pth")
+    (tmp_path / "last_checkpoint").unlink()
+    assert find_last_checkpoint(tmp_path) == str(tmp_path / "a.pth")
+
+
+def test_a_resume_with_a_dangling_pointer_continues_from_the_older_checkpoint(tmp_path):
+    strategy = _saved(tmp_path, "iter_1.pth")
+    weights = {k: v.clone() for k, v in strategy.model.state_dict().items()}
+    strategy.model.net[0].weight.data += 1
+    strategy.save_checkpoint("iter_2.pth")
+    for suffix in ("", ".manifest.json"):
+        os.remove(tmp_path / f"iter_2.pth{suffix}")
+    fresh = _strategy(tmp_path)
+    assert fresh.load_or_resume(resume=True) is not None
+    for key, value in fresh.model.state_dict().items():
+        assert torch.equal(value, weights[key]), key
+
+
+def test_resume_never_restarts_silently_when_checkpoint_lookalikes_are_there(tmp_path, caplog):
+    torch.save({"state_dict": ToyNet().state_dict()}, tmp_path / "epoch_3.pth")
+    strategy = _strategy(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="shardwise"):
+        assert strategy.load_or_resume(resume=True) is None
+    assert "epoch_3.pth but no committed checkpoint" in caplog.text
+    assert "resume='PATH'" in caplog.text
