@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
-from shardwise.registry import PARAM_SCHEDULERS
+from shardwise.registry import PARAM_SCHEDULERS, Registry, build_from_cfg
 
 from .param_scheduler import OptimizerType, _ParamScheduler
 
@@ -28,54 +28,63 @@ SchedulerCfg = Mapping[str, Any] | _ParamScheduler
 
 @overload
 def build_param_scheduler(
-    cfg: SchedulerCfg, optimizer: OptimizerType, epoch_length: int | None = None
+    cfg: SchedulerCfg,
+    optimizer: OptimizerType | None = None,
+    epoch_length: int | None = None,
+    *,
+    registry: Registry = PARAM_SCHEDULERS,
 ) -> _ParamScheduler: ...
 
 
 @overload
 def build_param_scheduler(
-    cfg: Sequence[SchedulerCfg], optimizer: OptimizerType, epoch_length: int | None = None
+    cfg: Sequence[SchedulerCfg],
+    optimizer: OptimizerType | None = None,
+    epoch_length: int | None = None,
+    *,
+    registry: Registry = PARAM_SCHEDULERS,
 ) -> list[_ParamScheduler]: ...
 
 
 def build_param_scheduler(
     cfg: SchedulerCfg | Sequence[SchedulerCfg],
-    optimizer: OptimizerType,
+    optimizer: OptimizerType | None = None,
     epoch_length: int | None = None,
+    *,
+    registry: Registry = PARAM_SCHEDULERS,
 ) -> _ParamScheduler | list[_ParamScheduler]:
     """Build a scheduler from ``cfg`` (a dict with ``type``), or a list from a list of them.
 
     A built scheduler is passed through. ``convert_to_iter_based=True`` in a config turns an
     epoch-based config into an iteration-based scheduler through the class's
-    ``build_iter_from_epoch``; it needs ``epoch_length``, the number of iterations per epoch.
-    ``optimizer`` may be a torch optimizer or an optimizer wrapper (with ``.optimizer``).
+    ``build_iter_from_epoch``; it needs ``epoch_length``, the number of iterations per epoch
+    (a config's own ``epoch_length`` wins over the argument). ``optimizer`` may be a torch
+    optimizer or an optimizer wrapper (with ``.optimizer``); a config's own ``optimizer`` wins.
+    This is also how ``PARAM_SCHEDULERS.build`` builds (its ``build_func``).
     """
     if isinstance(cfg, _ParamScheduler):
         return cfg
     if isinstance(cfg, Sequence) and not isinstance(cfg, str):
-        return [build_param_scheduler(c, optimizer, epoch_length) for c in cfg]
+        return [build_param_scheduler(c, optimizer, epoch_length, registry=registry) for c in cfg]
     if not isinstance(cfg, Mapping):
         raise TypeError(
             f"a param_scheduler config must be a dict with a 'type' key (or a list of them, or a "
             f"built scheduler), got {type(cfg).__name__}: {cfg!r}"
         )
-    cfg = dict(cfg)
-    if not cfg.pop("convert_to_iter_based", False):
-        return PARAM_SCHEDULERS.build(cfg, default_args={"optimizer": optimizer})
-    if epoch_length is None:
-        raise ValueError(
-            f"convert_to_iter_based=True needs epoch_length (iterations per epoch, e.g. "
-            f"len(train_dataloader)), got None for {cfg!r}; pass epoch_length= or drop "
-            f"convert_to_iter_based"
-        )
-    if "type" not in cfg:
-        raise KeyError(f"a param_scheduler config needs a 'type' key, got keys {sorted(cfg)}")
-    cls = PARAM_SCHEDULERS.get(cfg.pop("type"))
-    if not hasattr(cls, "build_iter_from_epoch"):
-        raise TypeError(
-            f"{getattr(cls, '__name__', cls)!r} has no build_iter_from_epoch(), so "
-            f"convert_to_iter_based=True cannot convert it; give it by_epoch=False with "
-            f"iteration counts instead"
-        )
-    cfg.setdefault("optimizer", optimizer)
-    return cls.build_iter_from_epoch(epoch_length=epoch_length, **cfg)
+    args = dict(cfg)
+    if optimizer is not None:
+        args.setdefault("optimizer", optimizer)
+    epoch_length = args.pop("epoch_length", epoch_length)
+    if not args.pop("convert_to_iter_based", False):
+        return build_from_cfg(args, registry)
+    if "type" not in args:
+        raise KeyError(f"a param_scheduler config needs a 'type' key, got keys {sorted(args)}")
+    with registry.switch_scope_and_registry(args.pop("_scope_", None)) as scoped:
+        cls = scoped.resolve(args.pop("type"))
+        if not hasattr(cls, "build_iter_from_epoch"):
+            raise TypeError(
+                f"{getattr(cls, '__name__', cls)!r} has no build_iter_from_epoch(), so "
+                f"convert_to_iter_based=True cannot convert it; give it by_epoch=False with "
+                f"iteration counts instead"
+            )
+        return cls.build_iter_from_epoch(epoch_length=epoch_length, **args)
