@@ -253,10 +253,15 @@ class Registry:
         return "\n".join([f"Registry of {self.name} (scope {self.scope!r}):", *rows])
 
     def _get_root_registry(self) -> Registry:
-        root = self
-        while root.parent is not None:
-            root = root.parent
+        *_, root = self._lineage()
         return root
+
+    def _lineage(self) -> Iterator[Registry]:
+        """This registry, its parent, ... up to the root."""
+        registry: Registry | None = self
+        while registry is not None:
+            yield registry
+            registry = registry.parent
 
     def _add_child(self, registry: Registry) -> None:
         if registry.scope in self._children:
@@ -340,12 +345,10 @@ class Registry:
         return found
 
     def _get_in_ancestors(self, key: str) -> Any:
-        registry = self.parent
-        while registry is not None:
+        for registry in itertools.islice(self._lineage(), 1, None):
             registry.import_from_location()
             if key in registry._module_dict:
                 return registry._module_dict[key]
-            registry = registry.parent
         return None
 
     def _get_in_scope(self, scope: str, real_key: str, key: str) -> Any:
@@ -378,16 +381,10 @@ class Registry:
         close = difflib.get_close_matches(key, names, n=5, cutoff=0.5)
         hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
         return (
-            f"{key} is not in the {self.scope}::{self.name} registry{hint}. Register it with "
-            f"@{self.name.upper()}.register_module() or give its full import path (e.g. "
-            f"'package.module.ClassName')."
+            f"{key} is not in the {self.scope}::{self.name} registry{hint}. Check the spelling "
+            f"of {key!r}, register the class with register_module() of the {self.name} "
+            f"registry, or give its full import path (e.g. 'package.module.ClassName')."
         )
-
-    def _lineage(self) -> Iterator[Registry]:
-        registry: Registry | None = self
-        while registry is not None:
-            yield registry
-            registry = registry.parent
 
     def build(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         """Build an object from ``cfg`` with :attr:`build_func` (by default
