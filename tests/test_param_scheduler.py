@@ -66,7 +66,7 @@ def make_adam() -> torch.optim.Adam:
 def advance(schedulers: list, i: int) -> None:
     """One epoch/iteration of a training loop: a plateau scheduler also sees a validation."""
     for s in schedulers:
-        if s.need_val_args:
+        if getattr(s, "need_val_args", False):  # mmengine: only on ReduceOnPlateau
             s.step()
             s.step({"loss": LOSSES[i % len(LOSSES)]})
         else:
@@ -149,6 +149,14 @@ def test_linear_lr_can_decay_to_a_smaller_end_factor():
     opt = make_sgd()
     actual = trace(opt, [LinearLR(opt, start_factor=1.0, end_factor=0.2, end=5)], 7)
     assert_values(actual, per_group([1.0 - 0.8 * t / 4 for t in range(5)] + [0.2] * 2))
+
+
+def test_linear_lr_can_warm_up_from_zero():
+    # mmengine accepts start_factor=0 (and then divides by zero at the next step); torch's
+    # LinearLR rejects it. From 0 the next value is the initial value times the factor.
+    opt = make_sgd()
+    actual = trace(opt, [LinearLR(opt, start_factor=0, end=5)], 7)
+    assert_values(actual, per_group([t / 4 for t in range(5)] + [1.0] * 2))
 
 
 def test_exponential_lr_multiplies_by_gamma_every_step():
@@ -589,6 +597,54 @@ def test_state_dict_round_trip_mid_run_continues_identically(case):
     assert len({tuple(step) for step in reference}) > 2  # the schedule did change the values
 
 
+@pytest.mark.parametrize("case", sorted(ROUND_TRIP_CASES))
+def test_a_loaded_scheduler_equals_the_saved_one_attribute_by_attribute(case):
+    # mmengine's _check_scheduler_state_dict: a scheduler built with other arguments takes
+    # every attribute of the saved one, and nothing else tells them apart
+    make_opt, make_schedulers = ROUND_TRIP_CASES[case]
+    opt = make_opt()
+    schedulers = make_schedulers(opt)
+    for i in range(5):
+        opt.step()
+        advance(schedulers, i)
+    fresh = make_schedulers(make_opt())
+    for saved, loaded in zip(schedulers, fresh):
+        loaded.load_state_dict(saved.state_dict())
+        assert vars(loaded).keys() == vars(saved).keys()
+        for key in vars(saved).keys() - {"optimizer"}:
+            assert getattr(loaded, key) == getattr(saved, key), key
+
+
+MMENGINE_SCHEDULERS = {
+    "StepLR": dict(step_size=2, gamma=0.5),
+    "MultiStepLR": dict(milestones=[2, 5, 7], gamma=0.5),
+    "LinearLR": dict(start_factor=0.25, end=6),
+    "CosineAnnealingLR": dict(T_max=10, eta_min=0.001),
+    "PolyLR": dict(power=2.0, eta_min=0.001, end=10),
+    "OneCycleLR": dict(eta_max=0.1, total_steps=12),
+    "CosineRestartLR": dict(periods=[4, 6], restart_weights=[1, 0.5], eta_min=0.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MMENGINE_SCHEDULERS))
+def test_an_mmengine_scheduler_state_resumes_in_shardwise(name):
+    # a checkpoint of mmengine's Runner holds its schedulers' state_dict(): shardwise's
+    # scheduler of the same name loads it and goes on with the values mmengine would set
+    mm_sched = pytest.importorskip("mmengine.optim.scheduler")
+    kwargs = MMENGINE_SCHEDULERS[name]
+    mm_opt = make_sgd()
+    mm_scheduler = getattr(mm_sched, name)(mm_opt, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # mmengine's own step-order check
+        trace(mm_opt, [mm_scheduler], 4)
+        opt = make_sgd()  # a resume: build, then load the optimizer and the scheduler
+        scheduler = getattr(sched, name)(opt, **kwargs)
+        opt.load_state_dict(mm_opt.state_dict())
+        scheduler.load_state_dict(mm_scheduler.state_dict())
+        expected = trace(mm_opt, [mm_scheduler], 8, start=4)
+    assert trace(opt, [scheduler], 8, start=4) == expected
+
+
 def test_state_dict_holds_the_schedule_but_not_the_optimizer():
     opt = make_sgd()
     scheduler = StepLR(opt, step_size=3)
@@ -685,13 +741,24 @@ def test_warns_when_scheduler_steps_before_optimizer():
 
 def test_no_warning_when_optimizer_steps_first():
     opt = make_sgd()
-    scheduler = StepLR(opt, step_size=3)
+    schedulers = [StepLR(opt, step_size=3), ConstantLR(opt, factor=0.5)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(3):
             opt.step()
-            scheduler.step()
-    assert not opt._optimizer_step_post_hooks  # the ordering watch is gone after the first step
+            for scheduler in schedulers:
+                scheduler.step()
+    assert len(opt._optimizer_step_post_hooks) == 1  # one ordering watch per optimizer
+
+
+def test_a_scheduler_built_after_optimizer_steps_watches_again():
+    # mmengine restarts the check with every scheduler built on the optimizer
+    opt = make_sgd()
+    StepLR(opt, step_size=3)
+    opt.step()
+    scheduler = ConstantLR(opt, factor=0.5)
+    with pytest.warns(UserWarning, match="how-to-adjust-learning-rate"):
+        scheduler.step()
 
 
 def test_verbose_logs_each_value(caplog):
@@ -772,7 +839,7 @@ def test_momentum_scheduler_on_optimizer_without_momentum_is_rejected():
     ("build", "match"),
     [
         (lambda o: ConstantLR(o, factor=99), "factor should be in"),
-        (lambda o: LinearLR(o, start_factor=0), "start_factor should be in"),
+        (lambda o: LinearLR(o, start_factor=-0.1), "start_factor should be in"),
         (lambda o: LinearLR(o, end_factor=1.001), "end_factor should be in"),
         (lambda o: StepLR(o, step_size=0), "step_size"),
         (lambda o: StepLR(o, step_size=1, last_step=-2), "last_step"),

@@ -28,7 +28,6 @@ import logging
 import math
 import reprlib
 import warnings
-import weakref
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol, TypeAlias
@@ -117,6 +116,24 @@ def _per_group(name: str, value: Any, optimizer: Any) -> list[Any]:
     return values
 
 
+_STEPPED = "_shardwise_stepped"
+"""Attribute of a torch optimizer: whether it has stepped since a scheduler was last built on
+it (mmengine keeps a step counter on the optimizer for the same check)."""
+
+
+def _mark_stepped(optimizer: Optimizer, *_: Any) -> None:
+    setattr(optimizer, _STEPPED, True)
+
+
+def watch_first_step(optimizer: Optimizer) -> None:
+    """Record on ``optimizer`` whether it steps from now on, so that a scheduler that steps
+    first is warned about (every scheduler built on it calls this; so does code that moves a
+    scheduler onto a new optimizer). One step hook per optimizer, however many schedulers."""
+    if not hasattr(optimizer, _STEPPED):
+        optimizer.register_step_post_hook(_mark_stepped)
+    setattr(optimizer, _STEPPED, False)
+
+
 def _scale(value: Any, factor: int) -> Any:
     """``value * factor`` for a number, element-wise for a sequence; ``None`` stays ``None``."""
     if value is None:
@@ -152,8 +169,6 @@ class _ParamScheduler:
     #: keyword arguments measured in steps, multiplied by ``epoch_length`` when an epoch-based
     #: config is converted to an iteration-based scheduler.
     _step_count_args: ClassVar[tuple[str, ...]] = ()
-    #: attributes that are not scheduler state (left out of ``state_dict``).
-    _not_state: ClassVar[frozenset[str]] = frozenset({"optimizer", "_step_hook"})
 
     def __init__(
         self,
@@ -185,8 +200,7 @@ class _ParamScheduler:
         self._prepare_param_groups()
         self.base_values = self._record_initial_values()
         self._global_step = -1
-        self._optimizer_stepped = False
-        self._step_hook: Any = None
+        watch_first_step(unwrap_optimizer(self.optimizer))
         self._first_step()
 
     # -- construction helpers ------------------------------------------------------------------
@@ -221,15 +235,7 @@ class _ParamScheduler:
         return [group[initial] for group in groups]
 
     def _first_step(self) -> None:
-        """Take step 0 and watch for the optimizer's first step (for the ordering warning)."""
-        ref = weakref.ref(self)
-
-        def mark_stepped(*_: Any) -> None:
-            scheduler = ref()
-            if scheduler is not None:
-                scheduler._optimizer_stepped = True
-
-        self._step_hook = unwrap_optimizer(self.optimizer).register_step_post_hook(mark_stepped)
+        """Take step 0 (construction sets the values of the first step, as in mmengine)."""
         self.step()
 
     # -- public API ------------------------------------------------------------------------------
@@ -272,7 +278,9 @@ class _ParamScheduler:
 
     def step(self) -> None:
         """Advance one step; inside ``[begin, end)`` set the next value in every param group."""
-        if self._global_step == 0 and not self._optimizer_stepped:
+        # an optimizer no scheduler watches (e.g. rebuilt after the scheduler) is not checked
+        stepped = getattr(unwrap_optimizer(self.optimizer), _STEPPED, True)
+        if self._global_step == 0 and not stepped:
             warnings.warn(
                 "Detected call of `scheduler.step()` before `optimizer.step()`: call "
                 "`optimizer.step()` first, or the first value of the schedule is skipped. See "
@@ -280,9 +288,6 @@ class _ParamScheduler:
                 UserWarning,
                 stacklevel=2,
             )
-        if self._global_step >= 0 and self._step_hook is not None:
-            self._step_hook.remove()  # the ordering is checked once, at the first step
-            self._step_hook = None
         self._global_step += 1
         if self.begin <= self._global_step < self.end:
             self.last_step += 1
@@ -297,13 +302,13 @@ class _ParamScheduler:
         return self._last_value
 
     def state_dict(self) -> dict[str, Any]:
-        """The scheduler's state: every attribute except the optimizer."""
-        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in self._not_state})
+        """The scheduler's state (a copy): every attribute except the optimizer."""
+        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "optimizer"})
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore the state returned by :meth:`state_dict`."""
+        """Restore the state returned by :meth:`state_dict` (mmengine's included)."""
         self.__dict__.update(
-            copy.deepcopy({k: v for k, v in state_dict.items() if k not in self._not_state})
+            copy.deepcopy({k: v for k, v in state_dict.items() if k != "optimizer"})
         )
 
     def print_value(self, is_verbose: bool, group: int, value: float) -> None:
@@ -321,11 +326,9 @@ class _ParamScheduler:
         raise NotImplementedError(f"{type(self).__name__} must implement _get_value()")
 
 
-def _check_factor(name: str, value: float, *, allow_zero: bool = True) -> None:
-    low_ok = value >= 0 if allow_zero else value > 0
-    if not (low_ok and value <= 1.0):
-        interval = "[0, 1]" if allow_zero else "(0, 1]"
-        raise ValueError(f"{name} should be in {interval} (a multiplicative factor), got {value!r}")
+def _check_factor(name: str, value: float) -> None:
+    if not 0 <= value <= 1.0:
+        raise ValueError(f"{name} should be in [0, 1] (a multiplicative factor), got {value!r}")
 
 
 def _check_eta_min(eta_min: float | None, eta_min_ratio: float | None, cls: str) -> None:
@@ -514,7 +517,11 @@ class CosineAnnealingParamScheduler(_ParamScheduler):
 @PARAM_SCHEDULERS.register_module()
 class LinearParamScheduler(_ParamScheduler):
     """Scale the value by a factor going linearly from ``start_factor`` (at ``begin``) to
-    ``end_factor`` (at ``end - 1``); the usual warm-up."""
+    ``end_factor`` (at ``end - 1``); the usual warm-up.
+
+    With ``start_factor=0`` the value is 0 at ``begin``; the next step has no value to scale,
+    so it sets ``initial value * factor`` (mmengine accepts 0 and then divides by zero).
+    """
 
     def __init__(
         self,
@@ -528,8 +535,7 @@ class LinearParamScheduler(_ParamScheduler):
         by_epoch: bool = True,
         verbose: bool = False,
     ) -> None:
-        # start_factor 0 would divide by zero at the second step (as in torch's LinearLR).
-        _check_factor("start_factor", start_factor, allow_zero=False)
+        _check_factor("start_factor", start_factor)
         _check_factor("end_factor", end_factor)
         self.start_factor = start_factor
         self.end_factor = end_factor
@@ -541,8 +547,12 @@ class LinearParamScheduler(_ParamScheduler):
         if self.last_step == 0:
             return [v * self.start_factor for v in values]
         delta = self.end_factor - self.start_factor
-        scale = 1.0 + delta / (self.total_iters * self.start_factor + (self.last_step - 1) * delta)
-        return [v * scale for v in values]
+        # total_iters * (the factor of the previous step): 0 only after start_factor=0
+        previous = self.total_iters * self.start_factor + (self.last_step - 1) * delta
+        if previous == 0:
+            factor = self.start_factor + delta * self.last_step / self.total_iters
+            return [base * factor for base in self.base_values]
+        return [v * (1.0 + delta / previous) for v in values]
 
 
 @PARAM_SCHEDULERS.register_module()
@@ -630,16 +640,25 @@ class OneCycleParamScheduler(_ParamScheduler):
         self.div_factor = div_factor
         self.final_div_factor = final_div_factor
         self.three_phase = three_phase
-        # (last step of the phase, group key it starts from, group key it ends at)
         rise_end = float(pct_start * total_steps) - 1
         if three_phase:
-            self._schedule_phases = [
+            phases = [
                 (rise_end, "initial", "max"),
                 (float(2 * pct_start * total_steps) - 2, "max", "initial"),
                 (total_steps - 1, "initial", "min"),
             ]
         else:
-            self._schedule_phases = [(rise_end, "initial", "max"), (total_steps - 1, "max", "min")]
+            phases = [(rise_end, "initial", "max"), (total_steps - 1, "max", "min")]
+        # mmengine's layout (its state dicts load here): the phase's last step and the group
+        # keys holding the values it starts from and ends at
+        self._schedule_phases = [
+            {
+                "end_step": end_step,
+                f"start_{param_name}": f"{start}_{param_name}",
+                f"end_{param_name}": f"{stop}_{param_name}",
+            }
+            for end_step, start, stop in phases
+        ]
         super().__init__(optimizer, param_name, begin, end, last_step, by_epoch, verbose)
 
     def _prepare_param_groups(self) -> None:
@@ -667,11 +686,12 @@ class OneCycleParamScheduler(_ParamScheduler):
         values = []
         for group in self.optimizer.param_groups:
             phase_start = 0.0
-            for i, (phase_end, start_key, end_key) in enumerate(self._schedule_phases):
+            for i, phase in enumerate(self._schedule_phases):
+                phase_end = phase["end_step"]
                 if step <= phase_end or i == len(self._schedule_phases) - 1:
                     pct = (step - phase_start) / (phase_end - phase_start)
-                    start = group[f"{start_key}_{self.param_name}"]
-                    end = group[f"{end_key}_{self.param_name}"]
+                    start = group[phase[f"start_{self.param_name}"]]
+                    end = group[phase[f"end_{self.param_name}"]]
                     values.append(self._anneal(start, end, pct))
                     break
                 phase_start = phase_end
