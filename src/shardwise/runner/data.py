@@ -174,7 +174,7 @@ def build_dataloader(
     collate_fn = cfg.pop("collate_fn", None) or default_collate
     if isinstance(collate_fn, Mapping):
         collate_cfg = dict(collate_fn)
-        func = FUNCTIONS.get(collate_cfg.pop("type"))
+        func = FUNCTIONS.resolve(collate_cfg.pop("type"))
         collate_fn = functools.partial(func, **collate_cfg) if collate_cfg else func
     generator = torch.Generator()
     sampler = ResumableSampler(

@@ -103,7 +103,7 @@ class DDPStrategy(BaseStrategy):
             )
         self._model_wrapper_cfg = dict(model_wrapper or {})
         self._model_wrapper_cfg.setdefault("type", "ShardwiseDistributedDataParallel")
-        MODEL_WRAPPERS.get(self._model_wrapper_cfg["type"])  # an unknown type fails here
+        MODEL_WRAPPERS.resolve(self._model_wrapper_cfg["type"])  # an unknown type fails here
         self._sync_bn = sync_bn
         super().__init__(**kwargs)
 

@@ -228,7 +228,7 @@ def parse_wrap_policy(value: Any, what: str = "auto_wrap_policy") -> WrapPolicy 
             if threshold <= 0:
                 raise ValueError(f"{what} min_num_params must be positive, got {threshold}")
             return _size_policy(int(threshold))
-        fn = FUNCTIONS.get(cfg.pop("type"))
+        fn = FUNCTIONS.resolve(cfg.pop("type"))
         return _policy_from_callable(functools.partial(fn, **cfg) if cfg else fn, what)
     if callable(value):
         return _policy_from_callable(value, what)
@@ -583,7 +583,7 @@ class ActivationCheckpointing:
 
 def _check_fn(value: Any) -> Callable[[nn.Module], bool]:
     if isinstance(value, str):
-        return FUNCTIONS.get(value)
+        return FUNCTIONS.resolve(value)
     if isinstance(value, Mapping):
         cfg = dict(value)
         if "type" not in cfg:
@@ -591,7 +591,7 @@ def _check_fn(value: Any) -> Callable[[nn.Module], bool]:
                 f"activation_checkpointing check_fn={value!r} needs a 'type' (a function in "
                 "FUNCTIONS or a dotted path)"
             )
-        fn = FUNCTIONS.get(cfg.pop("type"))
+        fn = FUNCTIONS.resolve(cfg.pop("type"))
         return functools.partial(fn, **cfg) if cfg else fn
     if isinstance(value, set | frozenset | list | tuple) or (
         isinstance(value, type) and issubclass(value, nn.Module)
