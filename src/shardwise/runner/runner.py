@@ -42,7 +42,7 @@ from shardwise import dist
 from shardwise.checkpoint import find_last_checkpoint
 from shardwise.config import Config
 from shardwise.optim import OptimWrapperDict
-from shardwise.registry import DATASETS, HOOKS, LOOPS, METRICS, MODELS, STRATEGIES
+from shardwise.registry import DATASETS, HOOKS, LOOPS, METRICS, MODELS, RUNNERS, STRATEGIES
 from shardwise.strategies import BaseStrategy
 from shardwise.strategies.base import unwrap_model
 
@@ -67,6 +67,7 @@ DEFAULT_HOOKS: dict[str, dict[str, Any]] = dict(
 )
 
 
+@RUNNERS.register_module()
 class Runner:
     """Trains and validates a model under a strategy; see the module docstring.
 
@@ -699,7 +700,7 @@ def _check_types(cfg: Config | Mapping[str, Any]) -> None:
 
     def check(registry: Any, item: Any) -> None:
         if isinstance(item, Mapping) and isinstance(item.get("type"), str):
-            registry.get(item["type"])
+            registry.resolve(item["type"])
 
     check(MODELS, cfg.get("model"))
     check(STRATEGIES, cfg.get("strategy"))
