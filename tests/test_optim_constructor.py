@@ -16,7 +16,7 @@ from shardwise.optim import (
     OptimWrapper,
     build_optim_wrapper,
 )
-from shardwise.registry import OPTIM_WRAPPER_CONSTRUCTORS
+from shardwise.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIMIZERS
 
 BASE_LR = 0.01
 BASE_WD = 0.9
@@ -149,11 +149,19 @@ def test_custom_keys_of_equal_length_match_in_alphabetical_order():
     assert [g["lr"] for g in optim_wrapper.optimizer.param_groups] == [BASE_LR * 3] * 2
 
 
-def test_frozen_parameters_keep_the_default_settings():
+def test_frozen_parameters_are_left_out_when_rules_apply(caplog):
+    # mmengine's rule (it changed from keeping them with default settings): with paramwise
+    # rules a frozen parameter gets no group; without rules every parameter is handed over
     model = ExampleModel()
-    model.requires_grad_(False)
-    optim_wrapper = DefaultOptimizerConstructor(dict(optimizer=SGD_CFG), PARAMWISE)(model)
-    assert set(_settings(optim_wrapper, model).values()) == {(BASE_LR, BASE_WD)}
+    model.conv1.requires_grad_(False)
+    with caplog.at_level(logging.WARNING, logger="shardwise"):
+        optim_wrapper = DefaultOptimizerConstructor(dict(optimizer=SGD_CFG), PARAMWISE)(model)
+    expected = _expected_paramwise()
+    del expected["conv1.weight"]
+    assert _settings(optim_wrapper, model) == expected
+    assert "conv1.weight is skipped since its requires_grad=False" in caplog.text
+    (group,) = DefaultOptimizerConstructor(dict(optimizer=SGD_CFG))(model).optimizer.param_groups
+    assert group["params"] == list(model.parameters())
 
 
 def test_shared_parameters_need_bypass_duplicate(caplog):
@@ -180,12 +188,39 @@ def test_several_param_groups_report_base_lr():
     assert lrs["lr"] == [0.1, 0.1 * 0.1] + [0.1] * 5 + [0.1 * 0.1] + [0.1] * 3
 
 
-def test_a_subclass_can_accept_more_paramwise_keys():
-    class ConvLrConstructor(DefaultOptimizerConstructor):
-        paramwise_keys = DefaultOptimizerConstructor.paramwise_keys | {"conv1_lr_mult"}
+def test_a_paramwise_key_no_rule_reads_is_warned_about(caplog):
+    with caplog.at_level(logging.WARNING, logger="shardwise"):
+        constructor = DefaultOptimizerConstructor(dict(optimizer=SGD_CFG), dict(invalid_mult=1))
+    assert "paramwise_cfg keys ['invalid_mult']" in caplog.text
+    assert "check their spelling" in caplog.text
+    assert constructor.paramwise_cfg == dict(invalid_mult=1)
 
+
+class ConvLrConstructor(DefaultOptimizerConstructor):
+    """mmengine's example of a custom constructor: it reads its own ``conv1_lr_mult``."""
+
+    def __call__(self, model):
+        lr_mult = self.paramwise_cfg.get("conv1_lr_mult", 1.0)
+        groups = [
+            {"params": [p], **({"lr": self.base_lr * lr_mult} if n.startswith("conv1") else {})}
+            for n, p in model.named_parameters()
+        ]
+        return OPTIMIZERS.build(dict(self.optimizer_cfg, params=groups))
+
+
+def test_a_subclass_reads_its_own_paramwise_keys():
     constructor = ConvLrConstructor(dict(optimizer=SGD_CFG), dict(conv1_lr_mult=5))
-    assert constructor.paramwise_cfg == dict(conv1_lr_mult=5)
+    optimizer = constructor(ExampleModel())
+    assert [g["lr"] for g in optimizer.param_groups][:3] == [BASE_LR, BASE_LR * 5, BASE_LR]
+
+
+def test_a_subclass_lists_the_keys_it_reads_to_silence_the_warning(caplog):
+    class Declared(ConvLrConstructor):
+        paramwise_keys = ConvLrConstructor.paramwise_keys | {"conv1_lr_mult"}
+
+    with caplog.at_level(logging.WARNING, logger="shardwise"):
+        Declared(dict(optimizer=SGD_CFG), dict(conv1_lr_mult=5))
+    assert not caplog.records
 
 
 # ---------------------------------------------------------------------- build_optim_wrapper
@@ -245,7 +280,6 @@ def test_mmengine_constructor_name_is_the_same_class():
 @pytest.mark.parametrize(
     ("paramwise_cfg", "optimizer", "error", "match"),
     [
-        (dict(invalid_mult=1), SGD_CFG, ValueError, "unknown keys \\['invalid_mult'\\]"),
         (dict(custom_keys=[0.1]), SGD_CFG, TypeError, "custom_keys'\\] must be a dict"),
         (dict(custom_keys={"sub": 0.1}), SGD_CFG, TypeError, "\\['sub'\\] must be a dict"),
         (dict(bias_lr_mult="2"), SGD_CFG, TypeError, "must be a number"),
@@ -287,3 +321,90 @@ def test_a_built_optimizer_in_the_config_is_pointed_to_optim_wrapper():
     cfg = dict(optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(TypeError, match="OptimWrapper\\(optimizer\\)"):
         build_optim_wrapper(model, cfg)
+
+
+# ---------------------------------------------------------------------- mmengine as the oracle
+
+
+class DuplicateModel(ExampleModel):
+    """mmengine's ExampleDuplicateModel: conv3 is conv1 under a second name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv3 = nn.Sequential(self.conv1)
+
+
+def _frozen_conv1(model: nn.Module) -> nn.Module:
+    model.conv1.requires_grad_(False)
+    return model
+
+
+MMENGINE_CASES = {
+    "no_rules": (ExampleModel, None),
+    "rules": (ExampleModel, PARAMWISE),
+    "data_parallel": (PseudoDataParallel, PARAMWISE),
+    "frozen": (lambda: _frozen_conv1(ExampleModel()), PARAMWISE),
+    "custom_keys": (
+        ExampleModel,
+        dict(
+            custom_keys={"param1": dict(lr_mult=10), "sub": dict(lr_mult=0.1, decay_mult=0)},
+            norm_decay_mult=0.5,
+        ),
+    ),
+    "bypass_duplicate": (DuplicateModel, dict(PARAMWISE, bypass_duplicate=True)),
+    "frozen_duplicate": (
+        lambda: _frozen_conv1(DuplicateModel()),
+        dict(PARAMWISE, bypass_duplicate=True),
+    ),
+}
+
+
+def _groups(optimizer: torch.optim.Optimizer, model: nn.Module) -> list[tuple[list[str], dict]]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [
+        ([names[id(p)] for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
+        for g in optimizer.param_groups
+    ]
+
+
+@pytest.mark.parametrize("case", sorted(MMENGINE_CASES))
+def test_param_groups_are_mmengine_s(case):
+    mm_optim = pytest.importorskip("mmengine.optim")
+    make_model, paramwise_cfg = MMENGINE_CASES[case]
+    model = make_model()
+    cfg = dict(type="OptimWrapper", optimizer=SGD_CFG)
+    expected = mm_optim.DefaultOptimWrapperConstructor(cfg, copy.deepcopy(paramwise_cfg))(model)
+    actual = DefaultOptimizerConstructor(cfg, copy.deepcopy(paramwise_cfg))(model)
+    assert _groups(actual.optimizer, model) == _groups(expected.optimizer, model)
+
+
+def test_every_torch_optimizer_is_registered_under_its_name():
+    from shardwise.optim.constructor import TORCH_OPTIMIZERS
+
+    mm_builder = pytest.importorskip("mmengine.optim.optimizer.builder")
+    assert set(TORCH_OPTIMIZERS) == set(mm_builder.TORCH_OPTIMIZERS)
+    assert all(OPTIMIZERS.get(name) is getattr(torch.optim, name) for name in TORCH_OPTIMIZERS)
+
+
+def test_an_optimizer_of_the_default_scope_takes_the_parameters_as_its_first_argument():
+    # mmengine's test: a downstream project registers an optimizer whose first argument is not
+    # named `params` in its own registry; the default scope selects it
+    from shardwise.registry import DefaultScope, Registry
+
+    custom = Registry("custom optimizer", scope="custom_scope", parent=OPTIMIZERS)
+
+    @custom.register_module()
+    class CustomSGD(torch.optim.SGD):
+        def __init__(self, model_params, **kwargs):
+            super().__init__(params=model_params, **kwargs)
+
+    try:
+        model = ExampleModel()
+        with DefaultScope.overwrite_default_scope("custom_scope"):
+            optim_wrapper = build_optim_wrapper(
+                model, dict(optimizer=dict(type="CustomSGD", lr=0.1))
+            )
+        assert type(optim_wrapper.optimizer) is CustomSGD
+        assert optim_wrapper.optimizer.param_groups[0]["params"] == list(model.parameters())
+    finally:
+        OPTIMIZERS.children.pop("custom_scope")

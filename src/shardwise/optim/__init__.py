@@ -1,8 +1,16 @@
-"""Optimizer wrappers, the optimizer constructor and parameter schedulers."""
+"""Optimizer wrappers, the optimizer constructor and parameter schedulers.
+
+``ZeroRedundancyOptimizer`` is an attribute too, created at first use (see
+:mod:`shardwise.optim.zero_optimizer`).
+"""
+
+from typing import Any
 
 from . import scheduler as _scheduler
+from . import zero_optimizer as _zero_optimizer
 from .amp_optim_wrapper import AmpOptimWrapper
 from .constructor import (
+    TORCH_OPTIMIZERS,
     DefaultOptimizerConstructor,
     DefaultOptimWrapperConstructor,
     build_optim_wrapper,
@@ -19,5 +27,12 @@ __all__ = [
     "DefaultOptimWrapperConstructor",
     "build_optim_wrapper",
     "clip_grad_norm_",
+    "TORCH_OPTIMIZERS",
     *getattr(_scheduler, "__all__", []),
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ZeroRedundancyOptimizer":
+        return _zero_optimizer.ZeroRedundancyOptimizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

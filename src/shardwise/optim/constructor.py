@@ -17,10 +17,12 @@ Example::
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import torch
 import torch.nn as nn
 from torch.nn import GroupNorm, LayerNorm
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -30,7 +32,13 @@ from torch.optim import Optimizer
 from ..registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
 from .optim_wrapper import OptimWrapper
 
-__all__ = ["DefaultOptimizerConstructor", "DefaultOptimWrapperConstructor", "build_optim_wrapper"]
+__all__ = [
+    "DefaultOptimizerConstructor",
+    "DefaultOptimWrapperConstructor",
+    "TORCH_OPTIMIZERS",
+    "build_optim_wrapper",
+    "register_torch_optimizers",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +47,21 @@ _NORM_TYPES = (_BatchNorm, _InstanceNorm, GroupNorm, LayerNorm)
 _DCN_CLASS_NAMES = frozenset({"DeformConv2d", "ModulatedDeformConv2d"})
 _DECAY_MULTS = ("bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult", "flat_decay_mult")
 _LR_MULTS = ("bias_lr_mult", "dcn_offset_lr_mult")
+
+
+def register_torch_optimizers() -> list[str]:
+    """Register every optimizer class of ``torch.optim`` in ``OPTIMIZERS`` under its name
+    (again: no-op) and return the names, as mmengine's function of the same name does."""
+    names = []
+    for name, obj in inspect.getmembers(torch.optim, inspect.isclass):
+        if issubclass(obj, Optimizer):
+            OPTIMIZERS.register_module(name=name, module=obj)
+            names.append(name)
+    return names
+
+
+#: The names of ``torch.optim``'s optimizers, all registered in ``OPTIMIZERS``.
+TORCH_OPTIMIZERS = register_torch_optimizers()
 
 
 def _is_dcn(module: nn.Module) -> bool:
@@ -87,11 +110,16 @@ class DefaultOptimizerConstructor:
     - ``bypass_duplicate``: skip (with a warning) parameters shared by several modules
       instead of letting the optimizer reject them.
 
+    With rules, parameters that do not require gradients are left out of the optimizer (with
+    a warning), as in mmengine; without rules all parameters go in one group.
+
     Args:
         optim_wrapper_cfg: the wrapper config; must hold ``optimizer=dict(type=..., ...)``.
         paramwise_cfg: the rules above; ``None`` or ``{}`` puts all parameters in one group.
 
-    Subclasses that read more ``paramwise_cfg`` keys extend :attr:`paramwise_keys`.
+    Other ``paramwise_cfg`` keys are warned about (a typo is otherwise silently ignored) and
+    kept for a subclass to read; a subclass that reads more keys lists them in
+    :attr:`paramwise_keys`.
     """
 
     paramwise_keys: ClassVar[frozenset[str]] = frozenset(
@@ -139,16 +167,19 @@ class DefaultOptimizerConstructor:
 
     def _validate_cfg(self) -> None:
         # Resolve the types now so that a typo fails before any optimizer is built.
-        OPTIMIZERS.get(self.optimizer_cfg["type"])
-        OPTIM_WRAPPERS.get(self.optim_wrapper_cfg.get("type", "OptimWrapper"))
+        self._optimizer_class()
+        OPTIM_WRAPPERS.resolve(self.optim_wrapper_cfg.get("type", "OptimWrapper"))
 
         cfg = self.paramwise_cfg
         unknown = sorted(set(cfg) - self.paramwise_keys)
         if unknown:
-            raise ValueError(
-                f"paramwise_cfg has unknown keys {unknown}; accepted keys are "
-                f"{sorted(self.paramwise_keys)} (a custom constructor subclass may accept more "
-                "by extending `paramwise_keys`)"
+            logger.warning(
+                "paramwise_cfg keys %s are not among the keys %s reads (%s); unless the "
+                "constructor reads them itself they have no effect: check their spelling (a "
+                "subclass that reads more keys lists them in `paramwise_keys`)",
+                unknown,
+                type(self).__name__,
+                ", ".join(sorted(self.paramwise_keys)),
             )
         for key in (*_DECAY_MULTS, *_LR_MULTS):
             if key in cfg and not _is_number(cfg[key]):
@@ -217,7 +248,7 @@ class DefaultOptimizerConstructor:
                 )
                 continue
             if not param.requires_grad:
-                params.append(group)
+                logger.warning("%s is skipped since its requires_grad=False", full_name)
                 continue
 
             custom = next((k for k in sorted_keys if k in f"{prefix}.{name}"), None)
@@ -257,6 +288,11 @@ class DefaultOptimizerConstructor:
             child_prefix = f"{prefix}.{child_name}" if prefix else child_name
             self.add_params(params, child, prefix=child_prefix, is_dcn_module=child_is_dcn)
 
+    def _optimizer_class(self) -> Any:
+        """The optimizer class the config names, found in the default scope's registry."""
+        with OPTIMIZERS.switch_scope_and_registry(None) as registry:
+            return registry.resolve(self.optimizer_cfg["type"])
+
     def __call__(self, model: nn.Module) -> OptimWrapper:
         """Build the optimizer and its wrapper for ``model``'s parameters."""
         model = _unwrap(model)
@@ -264,9 +300,11 @@ class DefaultOptimizerConstructor:
         if self.paramwise_cfg:
             params: list[dict[str, Any]] = []
             self.add_params(params, model)
-            optimizer_cfg["params"] = params
         else:
-            optimizer_cfg["params"] = model.parameters()
+            params = list(model.parameters())
+        # the parameters go to the optimizer's first argument, whatever its name
+        params_arg = next(iter(inspect.signature(self._optimizer_class()).parameters))
+        optimizer_cfg[params_arg] = params
         optimizer = OPTIMIZERS.build(optimizer_cfg)
         wrapper_cfg = dict(self.optim_wrapper_cfg)
         wrapper_cfg.setdefault("type", "OptimWrapper")
