@@ -167,3 +167,90 @@ def test_resume_never_restarts_silently_when_checkpoint_lookalikes_are_there(tmp
         assert strategy.load_or_resume(resume=True) is None
     assert "epoch_3.pth but no committed checkpoint" in caplog.text
     assert "resume='PATH'" in caplog.text
+
+
+# ----------------------------------------------------------------------------- mismatches
+def test_resuming_a_model_of_another_width_is_refused_whole(tmp_path):
+    narrow = SingleDeviceStrategy(work_dir=str(tmp_path), log_kwargs=dict(log_level="ERROR"))
+    narrow.prepare(ToyNet(width=16), optim_wrapper=dict(optimizer=dict(type="AdamW", lr=0.1)))
+    x = torch.randn(8, 4)
+    narrow.optim_wrapper.update_params(narrow.model(x).pow(2).mean())
+    narrow.save_checkpoint("narrow.pth")
+    wide = SingleDeviceStrategy(work_dir=str(tmp_path), log_kwargs=dict(log_level="ERROR"))
+    wide.prepare(ToyNet(width=24), optim_wrapper=dict(optimizer=dict(type="AdamW", lr=0.1)))
+    before = {k: v.clone() for k, v in wide.model.state_dict().items()}
+    with pytest.raises(CheckpointError, match="refusing to resume") as info:
+        wide.resume("narrow.pth")
+    assert "net.0.weight (16, 4) vs (24, 4)" in str(info.value)
+    assert "nothing was loaded" in str(info.value) and "load_from" in str(info.value)
+    assert all(torch.equal(v, before[k]) for k, v in wide.model.state_dict().items())
+    assert not wide.optim_wrapper.optimizer.state  # no moments of the other width attached
+    wide.optim_wrapper.update_params(wide.model(x).pow(2).mean())  # trains on
+    head_bias = wide.model.net[4].bias.clone()
+    wide.load_checkpoint("narrow.pth")  # weights only: what fits loads (with a warning)
+    assert torch.equal(wide.model.net[4].bias, narrow.model.net[4].bias)
+    assert not torch.equal(head_bias, narrow.model.net[4].bias)
+
+
+def test_an_optimizer_over_other_parameters_is_refused(tmp_path):
+    strategy = _strategy(tmp_path)
+    strategy.save_checkpoint("all.pth")
+    frozen = SingleDeviceStrategy(work_dir=str(tmp_path), log_kwargs=dict(log_level="ERROR"))
+    model = ToyNet()
+    optimizer = torch.optim.SGD(model.net[4].parameters(), lr=0.1)  # the head only
+    frozen.prepare(model, optim_wrapper=optimizer)
+    with pytest.raises(CheckpointError, match=r"optimizer group 0: parameters only in the"):
+        frozen.resume("all.pth")
+
+
+def test_a_different_number_of_schedulers_is_refused_before_anything_loads(tmp_path):
+    strategy = SingleDeviceStrategy(work_dir=str(tmp_path), log_kwargs=dict(log_level="ERROR"))
+    strategy.prepare(
+        ToyNet(),
+        optim_wrapper=OPTIM,
+        param_scheduler=[dict(type="ConstantLR", by_epoch=False, end=5)],
+    )
+    strategy.save_checkpoint("one.pth")
+    two = SingleDeviceStrategy(work_dir=str(tmp_path), log_kwargs=dict(log_level="ERROR"))
+    two.prepare(
+        ToyNet(),
+        optim_wrapper=OPTIM,
+        param_scheduler=[
+            dict(type="ConstantLR", by_epoch=False, end=5),
+            dict(type="StepLR", by_epoch=False, step_size=2, end=5),
+        ],
+    )
+    before = {k: v.clone() for k, v in two.model.state_dict().items()}
+    with pytest.raises(CheckpointError, match="parameter schedulers: 1 in the checkpoint, 2"):
+        two.resume("one.pth")
+    assert all(torch.equal(v, before[k]) for k, v in two.model.state_dict().items())
+
+
+def _resume_wider_sharded(work_dir, fmt):
+    from tests.test_fsdp import TinyTransformer as Model
+
+    def strategy_for(dim):
+        strategy = FSDPStrategy(
+            work_dir=work_dir,
+            state_dict_cfg=fmt,
+            model_wrapper=dict(auto_wrap_policy={Block}),
+            log_kwargs=dict(log_level="ERROR"),
+        )
+        strategy.prepare(Model(dim=dim), optim_wrapper=dict(optimizer=dict(type="AdamW", lr=0.1)))
+        return strategy
+
+    strategy_for(16).save_checkpoint(f"narrow_{fmt}")
+    wide = strategy_for(24)
+    try:
+        wide.resume(f"narrow_{fmt}")
+    except CheckpointError as exc:
+        return str(exc), bool(wide.optim_wrapper.optimizer.state)
+    return None, None
+
+
+@pytest.mark.parametrize("fmt", ["sharded", "full"])
+def test_a_sharded_resume_of_another_width_is_refused_on_every_rank(tmp_path, fmt):
+    for message, has_state in run_distributed(_resume_wider_sharded, 2, str(tmp_path), fmt):
+        assert message is not None and "refusing to resume" in message
+        assert "blocks.0.fc.weight (64, 16) vs (96, 24)" in message and "19 more" in message
+        assert has_state is False

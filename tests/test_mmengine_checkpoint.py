@@ -177,13 +177,6 @@ def test_runner_load_from_an_mmengine_checkpoint_starts_from_its_weights(mmengin
     assert (runner.epoch, runner.iter) == (3, 9)  # load_from loads weights only
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KeyError,
-    reason="BaseStrategy._load_one_optim_state_dict passes mmengine's index-keyed optimizer "
-    "state (torch's Optimizer.state_dict()) to set_optimizer_state_dict, which wants names: "
-    "it must call mmengine_compat.optimizer_state_by_name first",
-)
 def test_runner_resumes_an_mmengine_checkpoint_where_it_stopped(mmengine_run, tmp_path):
     """Weights (with EMAHook: the EMA weights mmengine saved as ``state_dict``, which is what
     mmengine's Runner resumes without an EMAHook), optimizer, schedulers, position, logs."""

@@ -36,6 +36,7 @@ import torch.distributed as torch_dist
 from .commit import CheckpointCommit, check_replaceable
 from .files import CheckpointError
 from .full import save_full_checkpoint
+from .manifest import check_checksums
 from .reader import (
     MODEL,
     CheckpointReader,
@@ -187,6 +188,7 @@ def convert_checkpoint(
     model_only: bool = False,
     overwrite: bool = False,
     progress: bool = False,
+    verify_checksums: bool = True,
 ) -> Path:
     """Convert the checkpoint ``src`` into format ``to`` at ``dst``; returns ``dst``.
 
@@ -198,13 +200,15 @@ def convert_checkpoint(
         overwrite: replace ``dst`` if it is a checkpoint (atomically: the old one stays until
             the new one is complete); anything else there is never replaced.
         progress: show a progress bar on stderr.
+        verify_checksums: first compare ``src`` with the checksums recorded when it was saved
+            (a damaged checkpoint must not come out converted, with a fresh manifest).
 
     Raises:
         ValueError: an unknown ``to`` or ``dtype``, or ``dst`` is (inside) ``src``.
         FileNotFoundError: ``src`` does not exist.
         FileExistsError: ``dst`` exists and ``overwrite`` is False, or it is not a committed
             checkpoint (no manifest).
-        CheckpointError: ``src`` is damaged, or a local checkpoint.
+        CheckpointError: ``src`` is damaged (its checksums differ), or a local checkpoint.
         RuntimeError: called inside a process group of more than one rank.
     """
     distributed = torch_dist.is_available() and torch_dist.is_initialized()
@@ -226,6 +230,8 @@ def convert_checkpoint(
             "directory"
         )
     _check_destination(src, dst, overwrite)
+    if verify_checksums:
+        check_checksums(src)
     reader = open_checkpoint(src)
     if reader.format == "local":
         raise local_checkpoint_error(src)

@@ -22,6 +22,7 @@ import torch
 from .files import CheckpointError
 from .full import load_full_checkpoint
 from .local import local_ranks
+from .manifest import check_checksums
 from .sharded import DCP_METADATA, load_sharded_checkpoint
 
 __all__ = ["FORMATS", "CheckpointFormat", "detect_format", "read_checkpoint"]
@@ -56,14 +57,21 @@ def detect_format(path: str | os.PathLike[str]) -> CheckpointFormat:
     )
 
 
-def read_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
+def read_checkpoint(
+    path: str | os.PathLike[str], map_location: Any = "cpu", *, verify_checksums: bool = True
+) -> dict[str, Any]:
     """Read a full or sharded checkpoint whole into this process (plain tensors).
 
     A sharded checkpoint is read without collectives, so this works on one process and on
     every rank of a DDP run alike. A local checkpoint holds shards that only the sharded
-    strategy that wrote it can place, so it is refused here.
+    strategy that wrote it can place, so it is refused here. With ``verify_checksums`` every
+    file is first compared with the checksums its manifest recorded at save time (a mismatch
+    raises :class:`CheckpointError` naming the file; a checkpoint without a manifest is read
+    as it is).
     """
     fmt = detect_format(path)
+    if verify_checksums and fmt != "local":
+        check_checksums(path)
     if fmt == "full":
         return load_full_checkpoint(path, map_location=map_location)
     if fmt == "sharded":

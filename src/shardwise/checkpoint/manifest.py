@@ -58,6 +58,7 @@ __all__ = [
     "check_checksums",
     "is_committed",
     "is_manifest",
+    "recorded_files",
     "ALGORITHM",
     "Checksum",
     "file_checksum",
@@ -293,6 +294,12 @@ def verify_manifest(
                 )
             )
     return problems
+
+
+def recorded_files(checkpoint: str | os.PathLike[str]) -> list[str]:
+    """The files the manifest of ``checkpoint`` lists (relative names; none without one)."""
+    manifest = read_manifest(checkpoint)
+    return sorted(manifest["files"]) if manifest is not None else []
 
 
 def check_checksums(

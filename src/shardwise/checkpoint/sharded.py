@@ -26,9 +26,10 @@ Example::
 from __future__ import annotations
 
 import os
+import re
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -53,12 +54,14 @@ __all__ = [
     "read_sharded_checkpoint",
     "read_sharded_meta",
     "save_sharded_checkpoint",
+    "verification_share",
 ]
 
 DCP_METADATA = ".metadata"
 META_FILE = "meta.pt"
 _TENSOR_SECTIONS = ("state_dict", "optimizer")
 _REF = "__dcp_tensor__"
+_WRITER = re.compile(r"^__(\d+)_\d+\.distcp$")  # the files DCP's rank N writes
 
 #: Makes the tensor a stored tensor is loaded into: ``(path in the checkpoint, global shape,
 #: dtype) -> tensor`` (a DTensor to load a shard, a plain tensor to load it whole).
@@ -259,6 +262,20 @@ def save_sharded_checkpoint(
     if rank == 0:
         written.append(save_full_checkpoint(skeleton, path / META_FILE))
     return written
+
+
+def verification_share(names: Sequence[str], rank: int, world_size: int) -> list[str]:
+    """The files of a sharded checkpoint whose checksums ``rank`` of ``world_size`` checks
+    before loading, so that the ranks share the work: the small files every rank reads
+    (``.metadata``, ``meta.pt``), and the data files written by the ranks ``w`` with
+    ``w % world_size == rank`` (on the same number of ranks, the file each rank reads most of,
+    now in its page cache)."""
+    share = []
+    for name in names:
+        writer = _WRITER.match(name)
+        if writer is None or int(writer.group(1)) % world_size == rank:
+            share.append(name)
+    return share
 
 
 def dcp_error(action: str, path: Path | str, exc: CheckpointException) -> CheckpointError:

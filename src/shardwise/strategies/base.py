@@ -60,6 +60,8 @@ from shardwise.optim import (
 from shardwise.optim.scheduler import _ParamScheduler
 from shardwise.registry import MODELS
 
+from .matching import optimizer_states_by_name, resume_mismatches, state_dict_diff
+
 __all__ = ["BaseStrategy"]
 
 DEFAULT_REVISE_KEYS = [(r"^module\.", "")]
@@ -89,6 +91,9 @@ class BaseStrategy:
             to host memory.
         max_keep_ckpts: the default of :meth:`save_checkpoint`'s ``max_keep_ckpts``: keep
             only the newest N checkpoints saved with a limit (-1: keep all).
+        verify_checksums: the default of :meth:`load_checkpoint`'s and :meth:`resume`'s
+            ``verify_checksums``: compare a checkpoint's files with the checksums recorded
+            when it was saved before loading it.
     """
 
     model: nn.Module
@@ -105,10 +110,13 @@ class BaseStrategy:
         auto_scale_lr: Mapping[str, Any] | None = None,
         async_save: bool = False,
         max_keep_ckpts: int = -1,
+        verify_checksums: bool = True,
     ) -> None:
-        if not isinstance(async_save, bool):
-            raise TypeError(f"async_save must be True or False, got {async_save!r}")
+        for name, flag in (("async_save", async_save), ("verify_checksums", verify_checksums)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
         self._async_save = async_save
+        self._verify_checksums = verify_checksums
         self._max_keep_ckpts = check_max_keep_ckpts(max_keep_ckpts)
         self._retention = Retention()
         self._checkpointer = AsyncCheckpointer()
@@ -556,36 +564,25 @@ class BaseStrategy:
         they, and tensors whose shape differs from the model's, are skipped with a warning.
         """
         state_dict = _revise_keys(state_dict, revise_keys)
-        expected = {
-            k: tuple(v.shape)
-            for k, v in unwrap_model(self.model).state_dict().items()
-            if isinstance(v, torch.Tensor)
-        }
-        missing = sorted(set(expected) - set(state_dict))
-        unexpected = sorted(set(state_dict) - set(expected))
-        mismatched = sorted(
-            k
-            for k, v in state_dict.items()
-            if k in expected and isinstance(v, torch.Tensor) and tuple(v.shape) != expected[k]
-        )
-        shapes = [(k, tuple(state_dict[k].shape), expected[k]) for k in mismatched]
-        if strict and (missing or unexpected or mismatched):
+        diff = state_dict_diff(state_dict, unwrap_model(self.model))
+        if strict and diff:
             raise RuntimeError(
                 "strict load: the checkpoint does not match the model.\n"
-                f"  missing keys: {missing}\n  unexpected keys: {unexpected}\n"
-                f"  shape mismatches (checkpoint, model): {shapes}\n"
+                f"  missing keys: {diff.missing}\n  unexpected keys: {diff.unexpected}\n"
+                f"  shape mismatches (checkpoint, model): {diff.shapes}\n"
                 "Pass strict=False to load what matches, or revise_keys=[(pattern, repl)] to "
                 "rename keys."
             )
-        if missing or unexpected or mismatched:
+        if diff:
             self.logger.warning(
                 "loading a state dict that does not match the model: missing keys %s, "
                 "unexpected keys %s, shape mismatches (skipped) %s",
-                missing,
-                unexpected,
-                mismatched,
+                diff.missing,
+                diff.unexpected,
+                [k for k, _, _ in diff.shapes],
             )
-        usable = {k: v for k, v in state_dict.items() if k in expected and k not in mismatched}
+        skipped = set(diff.unexpected) | {k for k, _, _ in diff.shapes}
+        usable = {k: v for k, v in state_dict.items() if k not in skipped}
         self._set_model_state_dict(usable)
 
     def _set_model_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -878,10 +875,19 @@ class BaseStrategy:
             path = self._resolve(path)
         return path
 
-    def _read_checkpoint(self, filename: str | os.PathLike[str], map_location: Any) -> dict:
-        """The whole checkpoint (full or sharded format) with plain tensors."""
-        path = self._find_checkpoint(filename)
-        return read_checkpoint(path, map_location=self._map_location(map_location))
+    def _read_checkpoint(
+        self, filename: str | os.PathLike[str], map_location: Any, verify: bool | None
+    ) -> dict:
+        """The whole checkpoint (full or sharded format) with plain tensors, its files first
+        checked against their recorded checksums (``verify``; None: the strategy's default)."""
+        return read_checkpoint(
+            self._find_checkpoint(filename),
+            map_location=self._map_location(map_location),
+            verify_checksums=self._verify(verify),
+        )
+
+    def _verify(self, verify_checksums: bool | None) -> bool:
+        return self._verify_checksums if verify_checksums is None else bool(verify_checksums)
 
     @gc_paused()
     def load_checkpoint(
@@ -892,11 +898,14 @@ class BaseStrategy:
         strict: bool = False,
         revise_keys: Sequence[tuple[str, str]] = DEFAULT_REVISE_KEYS,
         callback: Callable[[dict[str, Any]], None] | None = None,
+        verify_checksums: bool | None = None,
     ) -> dict[str, Any]:
         """Load the model weights of a checkpoint; return the rest of it (``meta``,
-        ``optimizer``, extras). ``map_location='default'`` means this strategy's device."""
+        ``optimizer``, extras). ``map_location='default'`` means this strategy's device.
+        ``verify_checksums`` (None: the strategy's default, True) first compares the files
+        with the checksums recorded when they were saved, and refuses a mismatch."""
         self.wait_for_checkpoint()
-        checkpoint = self._read_checkpoint(filename, map_location)
+        checkpoint = self._read_checkpoint(filename, map_location, verify_checksums)
         if callback is not None:
             callback(checkpoint)
         if "state_dict" not in checkpoint and _is_bare_state_dict(checkpoint):
@@ -920,10 +929,12 @@ class BaseStrategy:
         resume_param_scheduler: bool = True,
         map_location: Any = "default",
         callback: Callable[[dict[str, Any]], None] | None = None,
+        verify_checksums: bool | None = None,
     ) -> dict[str, Any]:
-        """Restore model, optimizer, schedulers, seed and RNG states from a checkpoint."""
+        """Restore model, optimizer, schedulers, seed and RNG states from a checkpoint
+        (``verify_checksums`` as in :meth:`load_checkpoint`)."""
         self.wait_for_checkpoint()
-        checkpoint = self._read_checkpoint(filename, map_location)
+        checkpoint = self._read_checkpoint(filename, map_location, verify_checksums)
         self._check_resumable(filename, checkpoint, resume_optimizer, resume_param_scheduler)
         if callback is not None:
             callback(checkpoint)
@@ -940,8 +951,11 @@ class BaseStrategy:
         return checkpoint
 
     def _check_resumable(
-        self, filename: Any, checkpoint: Mapping[str, Any], optimizer: bool, schedulers: bool
+        self, filename: Any, checkpoint: dict[str, Any], optimizer: bool, schedulers: bool
     ) -> None:
+        """Refuse a resume that could not be whole: something absent, or a checkpoint that
+        does not fit the model, optimizers or schedulers (:mod:`.matching`). Puts the model
+        keys and optimizer states into the shape loading expects."""
         if not self._prepared:
             raise RuntimeError("resume() needs a prepared strategy: call prepare() first")
         if optimizer and not hasattr(self, "optim_wrapper"):
@@ -962,6 +976,25 @@ class BaseStrategy:
             raise KeyError(
                 f"{filename} has no parameter scheduler state; resume with "
                 "resume_param_scheduler=False to restore the rest of it"
+            )
+        model = unwrap_model(self.model)
+        checkpoint["state_dict"] = _revise_keys(checkpoint["state_dict"], DEFAULT_REVISE_KEYS)
+        fitted, optimizers = dict(checkpoint), None
+        if optimizer:
+            optimizers = {key: wrapper.optimizer for key, wrapper in self._wrappers().items()}
+            states = optimizer_states_by_name(checkpoint["optimizer"], optimizers, model)
+            fitted["optimizer"], checkpoint["optimizer"] = states, states.get("", states)
+        problems = resume_mismatches(
+            fitted,
+            model,
+            optimizers=optimizers,
+            schedulers=getattr(self, "param_schedulers", None) if schedulers else None,
+        )
+        if problems:
+            raise CheckpointError(
+                f"refusing to resume from {filename}: it does not fit this run, and nothing was "
+                "loaded:\n  " + "\n  ".join(problems) + "\nTo start a new run from its "
+                "weights, use load_from (it loads the parameters that fit and no optimizer state)"
             )
 
     def _restore_randomness(self, meta: Mapping[str, Any]) -> None:

@@ -44,10 +44,12 @@ from shardwise.checkpoint import CheckpointError
 from shardwise.checkpoint.formats import detect_format
 from shardwise.checkpoint.full import WrittenFile, load_full_checkpoint, save_full_checkpoint
 from shardwise.checkpoint.local import load_local_checkpoint, save_local_checkpoint
+from shardwise.checkpoint.manifest import check_checksums, recorded_files
 from shardwise.checkpoint.sharded import (
     load_sharded_tensors,
     read_sharded_meta,
     save_sharded_checkpoint,
+    verification_share,
 )
 from shardwise.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from shardwise.optim.scheduler import _ParamScheduler
@@ -315,7 +317,7 @@ class FSDPStrategy(BaseStrategy):
                 f"{type(cfg).__name__}: {cfg!r}"
             )
         cfg = dict(cfg or {})
-        sharder = MODEL_WRAPPERS.get(cfg.get("type", "fully_shard_model"))
+        sharder = MODEL_WRAPPERS.resolve(cfg.get("type", "fully_shard_model"))
         if sharder is fully_shard_model:
             cfg.pop("type", None)
             return None, parse_model_wrapper(cfg)
@@ -612,22 +614,31 @@ class FSDPStrategy(BaseStrategy):
             return []
         return [save_full_checkpoint(_map_tensors(state, lambda t: t.cpu()), staging)]
 
-    def _read_checkpoint(self, filename: Any, map_location: Any) -> dict:
+    def _read_checkpoint(self, filename: Any, map_location: Any, verify: bool | None) -> dict:
         """Read any format onto the sharded model: a full checkpoint is read by rank 0 only
         (the others get placeholders; loading broadcasts from rank 0), a sharded one into
-        DTensor shards (DCP reshards to this mesh), a local one as this rank's shards."""
+        DTensor shards (DCP reshards to this mesh), a local one as this rank's shards. With
+        ``verify``, the ranks first check the checksums of what they read, sharing the work
+        (a mismatch anywhere is raised on every rank before anything is loaded)."""
         if not self._prepared:
             raise RuntimeError(
                 "FSDPStrategy reads a checkpoint onto the sharded model: call prepare() first"
             )
         path = self._find_checkpoint(filename)
+        verify = self._verify(verify)
         fmt = self._on_rank0(lambda: detect_format(path))
         if fmt == "full":
-            return self._read_full_on_rank0(path)
+            return self._read_full_on_rank0(path, verify)
         if fmt == "sharded":  # small files on every rank (agreed), then DCP's collective load
-            skeleton, specs = self._on_every_rank(lambda: read_sharded_meta(path))
+            skeleton, specs = self._on_every_rank(lambda: self._read_sharded_meta(path, verify))
             return load_sharded_tensors(path, skeleton, specs, self._shard_factory())
-        return self._on_every_rank(lambda: self._read_local(path))
+        return self._on_every_rank(lambda: self._read_local(path, verify))
+
+    def _read_sharded_meta(self, path: Path, verify: bool) -> Any:
+        if verify:
+            share = verification_share(recorded_files(path), self.rank, self.world_size)
+            check_checksums(path, share)
+        return read_sharded_meta(path)
 
     def _on_rank0(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` on rank 0, its result (or its exception) on every rank."""
@@ -661,12 +672,14 @@ class FSDPStrategy(BaseStrategy):
             )
         return result
 
-    def _read_full_on_rank0(self, path: Path) -> dict[str, Any]:
+    def _read_full_on_rank0(self, path: Path, verify: bool) -> dict[str, Any]:
         """Rank 0 reads the file; the others get its structure, with a meta-device placeholder
         for every model and optimizer tensor (and its metadata, RNG states included, whole)."""
         checkpoint: dict[str, Any] = {}
 
         def read() -> dict[str, Any]:
+            if verify:
+                check_checksums(path)
             checkpoint.update(load_full_checkpoint(path, map_location="cpu"))
             return _skeleton(checkpoint)
 
@@ -695,8 +708,10 @@ class FSDPStrategy(BaseStrategy):
     def _params_by_name(self) -> dict[str, nn.Parameter]:
         return {clean_name(n): p for n, p in self.model.named_parameters()}
 
-    def _read_local(self, path: Path) -> dict[str, Any]:
-        checkpoint = load_local_checkpoint(path, self.rank, self.world_size)
+    def _read_local(self, path: Path, verify: bool) -> dict[str, Any]:
+        checkpoint = load_local_checkpoint(
+            path, self.rank, self.world_size, verify_checksums=verify
+        )
         params = self._params_by_name()
 
         def as_shard(fqn: str, tensor: Any) -> Any:

@@ -1,0 +1,160 @@
+"""Does a checkpoint fit the model, optimizers and schedulers it is about to be loaded into?
+
+Checked before anything is loaded, so that a load is whole or not at all:
+
+- :func:`state_dict_diff` compares a model state dict with the model (missing and unexpected
+  keys, shape mismatches); ``load_checkpoint`` skips what does not fit (or, strict, refuses);
+- :func:`resume_mismatches` lists everything that keeps a resume from continuing the run: a
+  parameter missing, unexpected or of another shape, an optimizer whose parameter groups hold
+  other parameters, a different number of schedulers. A resume refuses the checkpoint when
+  the list is not empty; optimizer moments are never attached to parameters of another shape.
+
+Shapes are global shapes, so the checks agree on every rank whatever the sharding (a DTensor,
+a placeholder on the meta device and a full tensor of one parameter have the same shape).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from shardwise.checkpoint.mmengine_compat import optimizer_state_by_name
+
+from .parallelize import clean_name
+
+__all__ = ["StateDictDiff", "optimizer_states_by_name", "resume_mismatches", "state_dict_diff"]
+
+_SHOWN = 8  # names listed per kind of mismatch
+
+
+@dataclass
+class StateDictDiff:
+    """How a state dict differs from a model's: key lists, and ``(key, checkpoint shape,
+    model shape)`` for the keys of both whose shapes differ."""
+
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    shapes: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.missing or self.unexpected or self.shapes)
+
+
+def state_dict_diff(state_dict: Mapping[str, Any], model: nn.Module) -> StateDictDiff:
+    """Compare ``state_dict`` (already key-revised) with ``model.state_dict()``."""
+    expected = {
+        k: tuple(v.shape) for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)
+    }
+    return StateDictDiff(
+        missing=sorted(set(expected) - set(state_dict)),
+        unexpected=sorted(set(state_dict) - set(expected)),
+        shapes=[
+            (k, tuple(v.shape), expected[k])
+            for k, v in sorted(state_dict.items())
+            if k in expected and isinstance(v, torch.Tensor) and tuple(v.shape) != expected[k]
+        ],
+    )
+
+
+def _listed(names: Sequence[Any]) -> str:
+    shown = ", ".join(map(str, names[:_SHOWN]))
+    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+
+
+def _model_mismatches(diff: StateDictDiff, model: nn.Module) -> list[str]:
+    params = {clean_name(n) for n, _ in model.named_parameters()}
+    problems = []
+    missing = [k for k in diff.missing if k in params]  # a missing buffer only warns
+    if missing:
+        problems.append(f"model parameters the checkpoint lacks: {_listed(missing)}")
+    if diff.unexpected:
+        problems.append(f"checkpoint entries the model lacks: {_listed(diff.unexpected)}")
+    if diff.shapes:
+        shapes = [f"{k} {tuple(saved)} vs {tuple(here)}" for k, saved, here in diff.shapes]
+        problems.append(f"shapes (checkpoint vs model): {_listed(shapes)}")
+    return problems
+
+
+def optimizer_states_by_name(
+    saved: Mapping[str, Any], optimizers: Mapping[str, torch.optim.Optimizer], model: nn.Module
+) -> dict[str, Any]:
+    """The saved optimizer state of each of ``optimizers`` (``{'': optimizer}`` for a single
+    one, whose state is ``saved`` itself), keyed by parameter name where the checkpoint
+    numbers them (mmengine's; see :func:`optimizer_state_by_name`). A state that does not fit
+    its optimizer is left as it is, for :func:`resume_mismatches` to report."""
+    states = {"": saved} if "" in optimizers else dict(saved)
+    for key, optimizer in optimizers.items():
+        if key in states:
+            try:
+                states[key] = optimizer_state_by_name(states[key], optimizer, model)
+            except ValueError:
+                pass
+    return states
+
+
+def _optimizer_mismatches(
+    states: Mapping[str, Any], optimizers: Mapping[str, torch.optim.Optimizer], model: nn.Module
+) -> list[str]:
+    names = {id(p): clean_name(n) for n, p in model.named_parameters()}
+    problems = []
+    for key, optimizer in optimizers.items():
+        label = f"optimizer {key!r}" if key else "optimizer"
+        if key not in states:
+            problems.append(f"{label}: the checkpoint holds no state for it")
+            continue
+        saved_groups = states[key]["param_groups"]
+        if len(saved_groups) != len(optimizer.param_groups):
+            problems.append(
+                f"{label}: {len(saved_groups)} parameter group(s) in the checkpoint, "
+                f"{len(optimizer.param_groups)} here"
+            )
+            continue
+        for i, (saved, here) in enumerate(zip(saved_groups, optimizer.param_groups)):
+            saved_names = set(map(str, saved["params"]))
+            here_names = {names.get(id(p), "?") for p in here["params"]}
+            if saved_names != here_names:
+                problems.append(
+                    f"{label} group {i}: parameters only in the checkpoint: "
+                    f"{_listed(sorted(saved_names - here_names)) or '-'}; only here: "
+                    f"{_listed(sorted(here_names - saved_names)) or '-'}"
+                )
+    return problems
+
+
+def _scheduler_mismatches(schedulers: Any, states: Any) -> list[str]:
+    if isinstance(schedulers, Mapping):
+        if not isinstance(states, Mapping):
+            return ["parameter schedulers: one list per optimizer here, a single list saved"]
+        problems = []
+        for name, scheduler_list in schedulers.items():
+            if name not in states:
+                problems.append(f"parameter schedulers of {name!r}: none in the checkpoint")
+            else:
+                problems += _scheduler_mismatches(scheduler_list, states[name])
+        return problems
+    if not isinstance(states, Sequence) or len(states) != len(schedulers):
+        saved = len(states) if isinstance(states, Sequence) else "not a list of"
+        return [f"parameter schedulers: {saved} in the checkpoint, {len(schedulers)} configured"]
+    return []
+
+
+def resume_mismatches(
+    checkpoint: Mapping[str, Any],
+    model: nn.Module,
+    *,
+    optimizers: Mapping[str, torch.optim.Optimizer] | None = None,
+    schedulers: Any = None,
+) -> list[str]:
+    """What keeps ``checkpoint`` (model keys revised; with ``optimizers``, its optimizer
+    states as :func:`optimizer_states_by_name` returns them) from resuming ``model``, its
+    ``optimizers`` and ``schedulers`` (None: not resumed); empty when it fits."""
+    problems = _model_mismatches(state_dict_diff(checkpoint["state_dict"], model), model)
+    if optimizers is not None:
+        problems += _optimizer_mismatches(checkpoint["optimizer"], optimizers, model)
+    if schedulers is not None:
+        problems += _scheduler_mismatches(schedulers, checkpoint["param_schedulers"])
+    return problems
