@@ -10,7 +10,14 @@ import torch
 import torch.nn as nn
 from torch.optim import SGD, Adagrad, Adam
 
-from shardwise.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict, clip_grad_norm_
+from shardwise.optim import (
+    AmpOptimWrapper,
+    BaseOptimWrapper,
+    OptimWrapper,
+    OptimWrapperDict,
+    StepLR,
+    clip_grad_norm_,
+)
 from tests.distributed import run_distributed
 
 
@@ -212,6 +219,25 @@ def test_clip_grad_by_norm_clips_and_records_the_total_norm():
     assert float(clipped) == pytest.approx(0.5, rel=1e-4)
 
 
+class _Hub:
+    """The part of a message hub an optimizer wrapper uses."""
+
+    def __init__(self) -> None:
+        self.scalars: dict[str, list[float]] = {}
+
+    def update_scalar(self, key: str, value: float) -> None:
+        self.scalars.setdefault(key, []).append(value)
+
+
+def test_an_attached_message_hub_receives_the_grad_norm():
+    model = _model_with_grads()
+    optim_wrapper = OptimWrapper(SGD(model.parameters(), lr=0.0), clip_grad=dict(max_norm=0.5))
+    assert optim_wrapper.message_hub is None  # the owner of the run attaches one
+    optim_wrapper.message_hub = hub = _Hub()
+    optim_wrapper.step()
+    assert hub.scalars == {"train/grad_norm": [optim_wrapper.last_grad_norm]}
+
+
 def test_clip_grad_by_value_clamps_gradients():
     model = _model_with_grads()
     clip_grad = dict(type="value", clip_value=0.1)
@@ -285,6 +311,53 @@ def test_state_dict_round_trip_resumes_the_optimizer_exactly():
     assert torch.equal(model.weight, resumed_model.weight)
 
 
+class _PlainWrapper(BaseOptimWrapper):
+    """A wrapper of another kind: only the four updating methods of its own."""
+
+    def update_params(self, loss):
+        self.backward(loss)
+        self.step()
+        self.zero_grad()
+
+    def backward(self, loss, **kwargs):
+        loss.backward(**kwargs)
+
+    def step(self, **kwargs):
+        self.optimizer.step(**kwargs)
+
+    def zero_grad(self, **kwargs):
+        self.optimizer.zero_grad(**kwargs)
+
+
+def test_a_base_optim_wrapper_subclass_is_scheduled_and_saved_like_optim_wrapper():
+    model = nn.Linear(2, 1)
+    groups = [{"params": [model.weight], "lr": 0.01}, {"params": [model.bias]}]
+    plain = _PlainWrapper(SGD(groups, lr=0.1, momentum=0.9))
+    scheduler = StepLR(plain, step_size=1, gamma=0.5)
+    plain.update_params(model(torch.randn(3, 2)).sum())
+    scheduler.step()
+    assert plain.get_lr() == {"base_lr": [0.05], "lr": [0.005, 0.05]}
+    assert plain.state_dict()["base_param_settings"]["lr"] == 0.05
+    assert isinstance(OptimWrapper(SGD(model.parameters(), lr=0.1)), BaseOptimWrapper)
+    with pytest.raises(TypeError, match="abstract"):
+        BaseOptimWrapper(SGD(model.parameters(), lr=0.1))  # type: ignore[abstract]
+
+
+def test_hyper_parameters_and_state_are_mmengine_s():
+    mm_optim = pytest.importorskip("mmengine.optim")
+    model = nn.Linear(2, 1)
+    groups = [{"params": [model.weight], "lr": 0.01}, {"params": [model.bias], "betas": (0.5, 1)}]
+    adam = Adam(groups, lr=0.1)
+    ours, theirs = OptimWrapper(adam), mm_optim.OptimWrapper(adam)
+    assert ours.get_lr() == theirs.get_lr()
+    assert ours.get_momentum() == theirs.get_momentum()
+    assert len(ours.param_groups) == len(theirs.param_groups) == 3
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    assert ours.state_dict()["base_param_settings"].keys() == (
+        theirs.state_dict()["base_param_settings"].keys()
+    )
+
+
 def test_introspection_properties_and_repr():
     optimizer = SGD(nn.Linear(1, 1).parameters(), lr=0.1)
     optim_wrapper = OptimWrapper(optimizer, accumulative_counts=2)
@@ -332,6 +405,19 @@ def test_bf16_amp_runs_the_forward_under_cpu_autocast_without_a_scaler():
     optim_wrapper.update_params(out.float().sum())
     assert not torch.equal(before, model.weight)
     assert "loss_scaler" not in optim_wrapper.state_dict()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", torch.float32])
+def test_full_precision_amp_dtype_turns_autocast_off(dtype):
+    # mmengine accepts them (valid_dtypes); torch's autocast has no float32 mode
+    model = nn.Linear(3, 2)
+    optim_wrapper = AmpOptimWrapper(optimizer=SGD(model.parameters(), lr=0.1), dtype=dtype)
+    assert set(AmpOptimWrapper.valid_dtypes) == {"float16", "bfloat16", "float32", "float64"}
+    assert optim_wrapper.loss_scaler is None
+    with optim_wrapper.optim_context(model):
+        assert not torch.is_autocast_enabled("cpu")
+        out = model(torch.randn(4, 3))
+    assert out.dtype == torch.float32
 
 
 def test_fp16_amp_has_a_scaler_saved_and_restored_with_the_state_dict():
@@ -391,7 +477,7 @@ def test_use_fsdp_selects_the_sharded_grad_scaler():
     ("kwargs", "error", "match"),
     [
         (dict(dtype="fp16"), ValueError, "'float16', 'bfloat16'"),
-        (dict(dtype=torch.float32), ValueError, "'float16', 'bfloat16'"),
+        (dict(dtype=torch.int8), ValueError, "'float16', 'bfloat16'"),
         (dict(loss_scale="static"), ValueError, "'dynamic'"),
         (dict(loss_scale=-1.0), ValueError, "must be > 0"),
         (dict(loss_scale=[512.0]), TypeError, "loss_scale must be"),

@@ -9,6 +9,7 @@ from typing import Any
 from . import scheduler as _scheduler
 from . import zero_optimizer as _zero_optimizer
 from .amp_optim_wrapper import AmpOptimWrapper
+from .base import BaseOptimWrapper
 from .constructor import (
     TORCH_OPTIMIZERS,
     DefaultOptimizerConstructor,
@@ -20,6 +21,7 @@ from .optim_wrapper_dict import OptimWrapperDict
 from .scheduler import *  # noqa: F401,F403
 
 __all__ = [
+    "BaseOptimWrapper",
     "OptimWrapper",
     "AmpOptimWrapper",
     "OptimWrapperDict",

@@ -35,7 +35,13 @@ __all__ = ["AmpOptimWrapper"]
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+_AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 _SCALER_KEYS = frozenset(
     name
     for name in inspect.signature(torch.amp.GradScaler.__init__).parameters
@@ -59,8 +65,8 @@ def _resolve_dtype(dtype: str | torch.dtype | None, device_type: str) -> torch.d
     if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
         return dtype
     raise ValueError(
-        f"dtype must be None, 'float16', 'bfloat16', torch.float16 or torch.bfloat16, got "
-        f"{dtype!r}; mixed precision autocasts to one of these two"
+        f"dtype must be None, one of {list(_DTYPES)} or the torch.dtype of one, got "
+        f"{dtype!r}; mixed precision autocasts to float16 or bfloat16"
     )
 
 
@@ -106,6 +112,7 @@ class AmpOptimWrapper(OptimWrapper):
             ``growth_interval``, ``enabled``).
         dtype: ``'float16'``, ``'bfloat16'`` (or the ``torch.dtype``). ``None`` picks float16
             on CUDA and bfloat16 elsewhere (CPU autocast is fastest and safest in bf16).
+            ``'float32'`` and ``'float64'`` (accepted as in mmengine) turn autocast off.
         use_fsdp: use ``ShardedGradScaler`` (for FSDP-sharded gradients).
         **kwargs: :class:`OptimWrapper` arguments (``optimizer``, ``accumulative_counts``,
             ``clip_grad``).
@@ -114,6 +121,9 @@ class AmpOptimWrapper(OptimWrapper):
     Gradients are unscaled before clipping, so ``clip_grad`` and ``last_grad_norm`` see true
     gradients. :meth:`state_dict` holds the scaler state under ``'loss_scaler'``.
     """
+
+    #: the dtype names ``dtype`` accepts (mmengine's attribute).
+    valid_dtypes = tuple(_DTYPES)
 
     def __init__(
         self,
@@ -175,13 +185,19 @@ class AmpOptimWrapper(OptimWrapper):
 
     @contextmanager
     def optim_context(self, model: nn.Module) -> Iterator[None]:
-        """Autocast to :attr:`cast_dtype` on the model's device type, and skip gradient
-        synchronisation on accumulation iterations as :meth:`OptimWrapper.optim_context`."""
+        """Autocast to :attr:`cast_dtype` (float16 or bfloat16) on the model's device type, and
+        skip gradient synchronisation on accumulation iterations as
+        :meth:`OptimWrapper.optim_context`."""
         first = next(iter(model.parameters()), None)
         device_type = self.device_type if first is None else _device_type(first)
         with (
             super().optim_context(model),
-            torch.autocast(device_type, dtype=self.cast_dtype, cache_enabled=False),
+            torch.autocast(
+                device_type,
+                dtype=self.cast_dtype,
+                enabled=self.cast_dtype in _AUTOCAST_DTYPES,
+                cache_enabled=False,
+            ),
         ):
             yield
 

@@ -31,6 +31,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
 from ..registry import OPTIM_WRAPPERS
+from .base import BaseOptimWrapper
 
 __all__ = ["OptimWrapper", "clip_grad_norm_"]
 
@@ -115,7 +116,7 @@ def _check_count(name: str, value: Any, minimum: int) -> int:
 
 
 @OPTIM_WRAPPERS.register_module()
-class OptimWrapper:
+class OptimWrapper(BaseOptimWrapper):
     """Wraps a ``torch.optim.Optimizer`` with mmengine's ``OptimWrapper`` interface.
 
     Args:
@@ -128,11 +129,14 @@ class OptimWrapper:
             (``type`` defaults to ``'norm'``; :func:`clip_grad_norm_`) or
             ``dict(type='value', clip_value=...)`` (:func:`torch.nn.utils.clip_grad_value_`).
             Clipping happens in :meth:`step`, before the optimizer steps. The total gradient
-            norm is kept in :attr:`last_grad_norm` and in :meth:`get_log_vars`.
+            norm is kept in :attr:`last_grad_norm`, in :meth:`get_log_vars` and, when
+            :attr:`message_hub` is set, as its ``'train/grad_norm'`` scalar (as mmengine).
 
-    With several parameter groups the wrapper also tracks ``base_param_settings`` (the
-    optimizer's defaults, as mmengine does): it is the last entry of :attr:`param_groups`,
-    so parameter schedulers move it too, and :meth:`get_lr` reports it as ``base_lr``.
+    Attributes:
+        message_hub: ``None``, or a message hub (``update_scalar(key, value)``) that the
+            owner of the run attaches to receive ``'train/grad_norm'``.
+
+    Parameter groups, hyper-parameters and state dicts: see :class:`BaseOptimWrapper`.
     """
 
     def __init__(
@@ -150,11 +154,12 @@ class OptimWrapper:
         _check_count("accumulative_counts", accumulative_counts, 1)
         clip_type, clip_kwargs = self._parse_clip_grad(clip_grad)
 
-        self.optimizer = optimizer
+        super().__init__(optimizer)
         self._accumulative_counts = accumulative_counts
         self.clip_grad_kwargs = clip_kwargs
         self.clip_grad_type = clip_type
         self.last_grad_norm: float | None = None
+        self.message_hub: Any = None
         # Counts of update_params/backward calls; _max_counts == -1 until
         # initialize_count_status is called, and then the trailing window shorter than
         # _accumulative_counts has _remainder_counts iterations.
@@ -164,9 +169,6 @@ class OptimWrapper:
         # The FSDP2 module whose gradient sync this wrapper turned off; it is turned back on
         # after the next backward (FSDP2 reads the flag during backward, not forward).
         self._unsynced_module: nn.Module | None = None
-        self.base_param_settings: dict[str, Any] | None = None
-        if len(optimizer.param_groups) > 1:
-            self.base_param_settings = {"params": [], **optimizer.defaults}
 
     @staticmethod
     def _parse_clip_grad(
@@ -254,6 +256,8 @@ class OptimWrapper:
             return
         if self.clip_grad_type == "norm":
             self.last_grad_norm = float(clip_grad_norm_(params, **self.clip_grad_kwargs))
+            if self.message_hub is not None:
+                self.message_hub.update_scalar("train/grad_norm", self.last_grad_norm)
         else:
             torch.nn.utils.clip_grad_value_(params, **self.clip_grad_kwargs)
 
@@ -355,61 +359,11 @@ class OptimWrapper:
             self._unsynced_module.set_requires_gradient_sync(True)
             self._unsynced_module = None
 
-    # ------------------------------------------------------------------ hyper-parameters, state
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The optimizer's param groups, plus ``base_param_settings`` last when it exists."""
-        if self.base_param_settings is not None:
-            return self.optimizer.param_groups + [self.base_param_settings]
-        return self.optimizer.param_groups
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        """The optimizer's defaults."""
-        return self.optimizer.defaults
-
-    def get_lr(self) -> dict[str, list[float]]:
-        """``{'lr': [per group]}``, plus ``'base_lr'`` with several groups."""
-        result: dict[str, list[float]] = {}
-        if self.base_param_settings is not None:
-            result["base_lr"] = [self.base_param_settings["lr"]]
-        result["lr"] = [group["lr"] for group in self.optimizer.param_groups]
-        return result
-
-    def get_momentum(self) -> dict[str, list[float]]:
-        """``{'momentum': [per group]}``: ``momentum`` (SGD), ``betas[0]`` (Adam family), or 0."""
-        momentum = []
-        for group in self.optimizer.param_groups:
-            if "momentum" in group:
-                momentum.append(group["momentum"])
-            elif "betas" in group:
-                momentum.append(group["betas"][0])
-            else:
-                momentum.append(0)
-        return {"momentum": momentum}
+    # ------------------------------------------------------------------ logging, counters
 
     def get_log_vars(self) -> dict[str, float]:
         """Scalars worth logging after a step: ``grad_norm`` once norm clipping has run."""
         return {} if self.last_grad_norm is None else {"grad_norm": self.last_grad_norm}
-
-    def state_dict(self) -> dict[str, Any]:
-        """The optimizer's state dict, plus ``base_param_settings`` with several groups."""
-        state_dict = self.optimizer.state_dict()
-        if self.base_param_settings is not None:
-            state_dict["base_param_settings"] = dict(self.base_param_settings)
-        return state_dict
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load a state dict from :meth:`state_dict` (or a bare optimizer state dict).
-
-        ``state_dict`` itself is not modified.
-        """
-        state_dict = dict(state_dict)
-        base = state_dict.pop("base_param_settings", None)
-        self.optimizer.load_state_dict(state_dict)
-        if base is not None and self.base_param_settings is not None:
-            self.base_param_settings.update({k: v for k, v in base.items() if k != "params"})
 
     @property
     def inner_count(self) -> int:

@@ -79,10 +79,10 @@ class OptimWrapperDict(OptimWrapper):
         raise self._not_here("optim_context")
         yield  # pragma: no cover
 
-    def initialize_count_status(self, model: nn.Module, init_counts: int, max_counts: int) -> None:
-        """Forward to every wrapper."""
+    def initialize_count_status(self, model: nn.Module, cur_iter: int, max_iters: int) -> None:
+        """Forward to every wrapper (mmengine's argument names)."""
         for wrapper in self.optim_wrappers.values():
-            wrapper.initialize_count_status(model, init_counts, max_counts)
+            wrapper.initialize_count_status(model, cur_iter, max_iters)
 
     @property
     def param_groups(self) -> dict[str, list[dict[str, Any]]]:  # type: ignore[override]
