@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from shardwise.cli import build_parser, main
 from shardwise.runner.commands import load_train_config
@@ -121,7 +122,7 @@ def _parsed(*argv: str):
 
 def test_resume_and_load_from_flags_set_mmengine_s_resume_and_load_from(tmp_path, config):
     ckpt = tmp_path / "iter_4.pth"
-    ckpt.write_bytes(b"")
+    torch.save({"state_dict": {}}, ckpt)
     Path(config).write_text(TINY + f"\nload_from = {str(ckpt)!r}\n")
     auto = load_train_config(_parsed(config, "--resume"))  # the latest in work_dir, as mmengine
     assert (auto.resume, auto.load_from) == (True, None)
@@ -154,6 +155,69 @@ def test_resume_and_load_from_flags_set_mmengine_s_resume_and_load_from(tmp_path
         ("", ["--nnodes", "2"], ["--rdzv-endpoint"]),
         ("", ["--resume", "--load-from", "x.pth"], ["--resume and --load-from"]),
         ("", ["--launcher", "none", "--nproc-per-node", "2"], ["--launcher none"]),
+        (
+            'optim_wrapper = dict(optimizer=dict(type="AdamW", lr=0.01), accumulative_counts=0)',
+            [],
+            ["optim_wrapper", "accumulative_counts", "got 0", ">= 1"],
+        ),
+        (
+            'strategy = dict(type="FSDPStrategy", state_dict_cfg="bogus")',
+            [],
+            ["strategy", "state_dict_cfg='bogus'", "'sharded'"],
+        ),
+        (
+            'strategy = dict(type="FSDPStrategy", model_wrapper=dict(sharding_strategy="FOO"))',
+            [],
+            ["strategy", "sharding_strategy='FOO'", "FULL_SHARD"],
+        ),
+        (
+            'strategy = dict(type="FSDPStrategy", '
+            'model_wrapper=dict(mixed_precision=dict(param_dtype="float12")))',
+            [],
+            ["param_dtype='float12'", "bfloat16"],
+        ),
+        (
+            "param_scheduler = [dict(type='LinearLR', by_epoch=False, begin=5, end=2)]",
+            [],
+            ["param_scheduler[0]", "begin=5, end=2", "end after begin"],
+        ),
+        (
+            'optim_wrapper = dict(optimizer=dict(type="AdamWW", lr=0.01))',
+            [],
+            ["optim_wrapper.optimizer.type", "AdamWW", "'AdamW'"],
+        ),
+        (
+            "param_scheduler = [dict(type='LinearLRR', by_epoch=False, end=5)]",
+            [],
+            ["param_scheduler[0].type", "LinearLRR", "'LinearLR'"],
+        ),
+        (
+            'optim_wrapper = dict(optimizer=dict(type="AdamW", lr="fast"))',
+            [],
+            ["optim_wrapper.optimizer.lr='fast'", "expected a number"],
+        ),
+        (
+            'strategy = dict(type="FSDPStrategy", '
+            'model_wrapper=dict(sharding_strategy="HYBRID_SHARD", replicate_size=3))',
+            [],
+            ["replicate_size=3", "but 2 ranks run", "divisor of 2"],
+        ),
+        (
+            'strategy = dict(type="FSDPStrategy", state_dict_cgf="full")',
+            [],
+            ["no keyword 'state_dict_cgf'", "'state_dict_cfg'"],
+        ),
+        (
+            'optim_wrapper = dict(type="AmpOptimWrapper", dtype="float12", '
+            'optimizer=dict(type="AdamW", lr=0.01))',
+            [],
+            ["optim_wrapper", "'float12'", "bfloat16"],
+        ),
+        (
+            "default_hooks = dict(checkpoint=dict(interval=4, max_keep_ckpts=0))",
+            [],
+            ["default_hooks.checkpoint", "max_keep_ckpts", "got 0"],
+        ),
     ],
     ids=[
         "no-model",
@@ -165,6 +229,18 @@ def test_resume_and_load_from_flags_set_mmengine_s_resume_and_load_from(tmp_path
         "multi-node-without-endpoint",
         "resume-and-load-from",
         "launcher-none-with-processes",
+        "accumulative-counts-0",
+        "unknown-state-dict-cfg",
+        "unknown-sharding-strategy",
+        "unknown-mixed-precision-dtype",
+        "scheduler-ends-before-it-begins",
+        "typo-in-optimizer-type",
+        "typo-in-scheduler-type",
+        "lr-not-a-number",
+        "hybrid-replicas-do-not-divide-the-world",
+        "typo-in-strategy-keyword",
+        "unknown-amp-dtype",
+        "max-keep-ckpts-0",
     ],
 )
 def test_bad_input_fails_before_any_process_starts_with_a_clear_message(
@@ -178,9 +254,21 @@ def test_bad_input_fails_before_any_process_starts_with_a_clear_message(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("shardwise train: error:"), err
+    assert err.count("\n") == 1, err  # one line, no traceback
     for word in words:
         assert word in err
     assert not (tmp_path / "never").exists()
+
+
+def test_load_from_a_file_that_is_no_checkpoint_is_one_line_and_leaves_it(tmp_path, config, capsys):
+    junk = tmp_path / "weights.pth"
+    junk.write_bytes(os.urandom(4096))
+    before = junk.read_bytes()
+    code = main(["train", config, "--work-dir", str(tmp_path / "never"), "--load-from", str(junk)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "weights.pth is not a checkpoint" in err and "zip archive" in err
+    assert junk.read_bytes() == before and not (tmp_path / "never").exists()
 
 
 def test_a_model_whose_forward_returns_no_loss_stops_the_run_with_the_fix(tmp_path, config):

@@ -362,7 +362,7 @@ def test_a_truncated_checkpoint_is_refused(prepared, tmp_path):
 
 def test_a_file_that_is_not_a_checkpoint_is_refused(prepared, tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(CheckpointError, match="notes.txt is not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match="notes.txt is not a checkpoint: torch.save writes"):
         prepared.load_checkpoint(tmp_path / "notes.txt")
 
 

@@ -20,12 +20,12 @@ from typing import Any, Literal
 import torch
 
 from .files import CheckpointError
-from .full import load_full_checkpoint
+from .full import check_torch_file, load_full_checkpoint
 from .local import local_ranks
 from .manifest import check_checksums
-from .sharded import DCP_METADATA, load_sharded_checkpoint
+from .sharded import DCP_METADATA, META_FILE, load_sharded_checkpoint
 
-__all__ = ["FORMATS", "CheckpointFormat", "detect_format", "read_checkpoint"]
+__all__ = ["FORMATS", "CheckpointFormat", "detect_format", "probe_checkpoint", "read_checkpoint"]
 
 CheckpointFormat = Literal["full", "sharded", "local"]
 FORMATS: tuple[CheckpointFormat, ...] = ("full", "sharded", "local")
@@ -55,6 +55,25 @@ def detect_format(path: str | os.PathLike[str]) -> CheckpointFormat:
         f"{path} is a directory but not a checkpoint: a sharded checkpoint holds {DCP_METADATA}, "
         f"a local one rank0.pth, rank1.pth, ...; it holds {sorted(os.listdir(path))[:10]}"
     )
+
+
+def probe_checkpoint(path: str | os.PathLike[str]) -> CheckpointFormat:
+    """The format of the checkpoint at ``path``, after a cheap look that it is one (the first
+    bytes of a file, the index files of a directory); reads no tensor.
+
+    Raises:
+        FileNotFoundError: nothing is at ``path``.
+        CheckpointError: ``path`` is not a checkpoint, saying why.
+    """
+    fmt = detect_format(path)
+    if fmt == "full":
+        check_torch_file(path)
+    elif fmt == "sharded" and not (Path(path) / META_FILE).is_file():
+        raise CheckpointError(
+            f"{path} is not a complete sharded checkpoint: it has {DCP_METADATA} but no "
+            f"{META_FILE}"
+        )
+    return fmt
 
 
 def read_checkpoint(

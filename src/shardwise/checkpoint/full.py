@@ -24,6 +24,7 @@ from .mmengine_compat import mmengine_safe_globals, mmengine_to_plain
 
 __all__ = [
     "HashingWriter",
+    "check_torch_file",
     "WrittenFile",
     "load_full_checkpoint",
     "save_full_checkpoint",
@@ -143,6 +144,7 @@ def load_full_checkpoint(
             f"{path} is a directory, not a full checkpoint file; this strategy reads the "
             "full format only"
         )
+    check_torch_file(path)
     try:
         with mmengine_safe_globals():
             checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
@@ -167,6 +169,20 @@ def load_full_checkpoint(
         return mmengine_to_plain(checkpoint)
     except ValueError as exc:
         raise CheckpointError(f"{path} holds a malformed mmengine object: {exc}") from exc
+
+
+def check_torch_file(path: str | os.PathLike[str]) -> None:
+    """Refuse a file that ``torch.save`` did not write, from its first bytes: neither a zip
+    archive (torch's format since 1.6) nor a pickle (the legacy one)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"\x80"):
+        return
+    raise CheckpointError(
+        f"{path} is not a checkpoint: torch.save writes a zip archive (or, before torch 1.6, a "
+        f"pickle), and this file starts with {head!r}. Check the path; a checkpoint is a .pth "
+        "file or directory written by a training run"
+    )
 
 
 _BOILERPLATE = (

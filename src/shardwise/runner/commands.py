@@ -141,9 +141,12 @@ def _make_importable(config: Path) -> None:
             sys.path.insert(0, folder)
 
 
-def load_train_config(args: argparse.Namespace) -> Any:
+def load_train_config(
+    args: argparse.Namespace, world_size: int | None = None, local_world_size: int | None = None
+) -> Any:
     """The config with the command line applied (``--cfg-options``, ``--work-dir``,
-    ``--resume``, ``--load-from``, ``--launcher``), checked by ``Runner.check_cfg``."""
+    ``--resume``, ``--load-from``, ``--launcher``), checked by ``Runner.check_cfg`` for a run
+    of ``world_size`` ranks, ``local_world_size`` per node (default: this process's)."""
     from shardwise.config import Config
 
     from .runner import Runner
@@ -169,9 +172,9 @@ def load_train_config(args: argparse.Namespace) -> Any:
         cfg.resume, cfg.load_from = True, None
     elif args.resume is not None:
         if not Path(args.resume).exists():
-            from .runner import _checkpoints_hint
+            from .checks import checkpoints_hint
 
-            hint = _checkpoints_hint(Path(args.resume)).replace(
+            hint = checkpoints_hint(Path(args.resume)).replace(
                 "resume=True", "--resume without a path"
             )
             raise FileNotFoundError(f"--resume {args.resume}: no such checkpoint. {hint}")
@@ -180,7 +183,7 @@ def load_train_config(args: argparse.Namespace) -> Any:
         cfg.load_from = args.load_from
     if args.launcher is not None:
         cfg.launcher = args.launcher
-    Runner.check_cfg(cfg)
+    Runner.check_cfg(cfg, world_size=world_size, local_world_size=local_world_size)
     return cfg
 
 
@@ -244,8 +247,12 @@ def train(args: argparse.Namespace) -> int:
                 f"--launcher none runs one process, but --nproc-per-node {options.nproc_per_node}"
                 f" / --nnodes {options.nnodes} ask for more; drop --launcher none"
             )
-        cfg = load_train_config(args)
-    except (ValueError, TypeError, KeyError, FileNotFoundError, SyntaxError) as exc:
+        sizes = (None, None)
+        if wants_processes and launcher == "none" and options.nnodes.isdigit():
+            nodes = int(options.nnodes)
+            sizes = (options.nproc_per_node * nodes, options.nproc_per_node)
+        cfg = load_train_config(args, *sizes)
+    except (ValueError, TypeError, KeyError, FileNotFoundError, SyntaxError, ImportError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"shardwise train: error: {message}", file=sys.stderr)
         return 2

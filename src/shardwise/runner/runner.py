@@ -42,13 +42,15 @@ from shardwise import dist
 from shardwise.checkpoint import find_last_checkpoint
 from shardwise.config import Config
 from shardwise.optim import OptimWrapperDict
-from shardwise.registry import DATASETS, HOOKS, LOOPS, METRICS, MODELS, RUNNERS, STRATEGIES
+from shardwise.registry import HOOKS, LOOPS, RUNNERS, STRATEGIES
 from shardwise.strategies import BaseStrategy
 from shardwise.strategies.base import unwrap_model
 
-from .data import build_dataloader, check_dataloader_cfg, set_sampler_seed
+from .checks import check_components, check_config
+from .data import build_dataloader, set_sampler_seed
 from .evaluator import build_evaluator
 from .hooks import Hook
+from .hooks.defaults import DEFAULT_HOOKS, merge_default_hooks
 from .loops import EpochBasedTrainLoop, IterBasedTrainLoop, ValLoop
 from .message_hub import MessageHub
 from .priority import Priority, get_priority
@@ -56,16 +58,6 @@ from .priority import Priority, get_priority
 __all__ = ["Runner", "parse_losses", "DEFAULT_HOOKS"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_HOOKS: dict[str, dict[str, Any]] = dict(
-    runtime_info=dict(type="RuntimeInfoHook"),
-    timer=dict(type="IterTimerHook"),
-    sampler_seed=dict(type="DistSamplerSeedHook"),
-    logger=dict(type="LoggerHook"),
-    param_scheduler=dict(type="ParamSchedulerHook"),
-    checkpoint=dict(type="CheckpointHook", interval=1),
-)
-
 
 @RUNNERS.register_module()
 class Runner:
@@ -123,7 +115,7 @@ class Runner:
     ) -> None:
         if val_dataloader is not None and val_cfg is None:
             val_cfg = {}
-        _check_components(
+        check_components(
             model=model,
             train_dataloader=train_dataloader,
             optim_wrapper=optim_wrapper,
@@ -218,32 +210,19 @@ class Runner:
         )
 
     @staticmethod
-    def check_cfg(cfg: Config | Mapping[str, Any]) -> None:
-        """Refuse a config that cannot train, naming the value, what was expected and the fix.
+    def check_cfg(
+        cfg: Config | Mapping[str, Any],
+        *,
+        world_size: int | None = None,
+        local_world_size: int | None = None,
+    ) -> None:
+        """Refuse a config that cannot train, naming the key, the value, what was expected
+        and the fix (:func:`~shardwise.runner.checks.check_config`; the sizes are those of
+        the run to be launched, default this process's).
 
         Cheap and side-effect free: ``shardwise train`` runs it before launching processes.
         """
-        if cfg.get("model") is None:
-            where = f" ({cfg.filename})" if getattr(cfg, "filename", None) else ""
-            raise ValueError(
-                f"the config{where} has no 'model'; add model=dict(type='YourModel', ...) "
-                "naming a class registered in shardwise.registry.MODELS (or a dotted import path)"
-            )
-        val_cfg = cfg.get("val_cfg")
-        if cfg.get("val_dataloader") is not None and val_cfg is None:
-            val_cfg = {}
-        _check_components(
-            model=cfg["model"],
-            train_dataloader=cfg.get("train_dataloader"),
-            optim_wrapper=cfg.get("optim_wrapper"),
-            train_cfg=cfg.get("train_cfg"),
-            val_dataloader=cfg.get("val_dataloader"),
-            val_evaluator=cfg.get("val_evaluator"),
-            val_cfg=val_cfg,
-            load_from=cfg.get("load_from"),
-            resume=cfg.get("resume", False),
-        )
-        _check_types(cfg)
+        check_config(cfg, world_size=world_size, local_world_size=local_world_size)
 
     def build_strategy(
         self,
@@ -332,15 +311,7 @@ class Runner:
         custom_hooks: Sequence[Any] | None = None,
     ) -> None:
         """Register :data:`DEFAULT_HOOKS` merged with ``default_hooks``, then ``custom_hooks``."""
-        hooks: dict[str, Any] = copy.deepcopy(DEFAULT_HOOKS)
-        for name, hook in (default_hooks or {}).items():
-            if hook is None:
-                hooks.pop(name, None)
-            elif isinstance(hook, Mapping) and "type" not in hook and name in hooks:
-                hooks[name] = {**hooks[name], **hook}  # options for a default hook
-            else:
-                hooks[name] = hook
-        for hook in hooks.values():
+        for hook in merge_default_hooks(default_hooks).values():
             self.register_hook(hook)
         for hook in custom_hooks or []:
             self.register_hook(hook)
@@ -632,128 +603,6 @@ class Runner:
             max_keep_ckpts=max_keep_ckpts,
             series=series,
         )
-
-
-# ----------------------------------------------------------------------------- checks
-
-
-def _check_components(
-    *,
-    model: Any,
-    train_dataloader: Any,
-    optim_wrapper: Any,
-    train_cfg: Any,
-    val_dataloader: Any,
-    val_evaluator: Any,
-    val_cfg: Any,
-    load_from: Any,
-    resume: Any,
-) -> None:
-    """The runner's bad-input checks (no side effects)."""
-    if model is None:
-        raise ValueError(
-            "model is None; pass an nn.Module or a config such as model=dict(type='YourModel')"
-        )
-    training = dict(
-        train_dataloader=train_dataloader, train_cfg=train_cfg, optim_wrapper=optim_wrapper
-    )
-    given = [k for k, v in training.items() if v is not None]
-    if given and len(given) < len(training):
-        missing = [k for k in training if k not in given]
-        raise ValueError(
-            f"training needs train_dataloader, train_cfg and optim_wrapper together; got "
-            f"{', '.join(given)} but not {', '.join(missing)}. Add "
-            + " and ".join(f"{k}=..." for k in missing)
-        )
-    if train_cfg is not None:
-        _check_train_cfg(train_cfg)
-    if isinstance(train_dataloader, Mapping):
-        check_dataloader_cfg(train_dataloader, "train_dataloader")
-    if isinstance(val_dataloader, Mapping):
-        check_dataloader_cfg(val_dataloader, "val_dataloader")
-    validation = dict(val_dataloader=val_dataloader, val_evaluator=val_evaluator, val_cfg=val_cfg)
-    given = [k for k, v in validation.items() if v is not None]
-    if given and len(given) < len(validation):
-        missing = [k for k in validation if k not in given]
-        raise ValueError(
-            f"validation needs val_dataloader and val_evaluator together; got "
-            f"{', '.join(given)} but not {', '.join(missing)}. Add "
-            + " and ".join(f"{k}=..." for k in missing)
-            + ", or remove the others"
-        )
-    if train_cfg is not None and "val_interval" in train_cfg and val_dataloader is None:
-        raise ValueError(
-            f"train_cfg.val_interval={train_cfg['val_interval']!r} asks for validation, but the "
-            "config has no val_dataloader; add val_dataloader=dict(dataset=..., batch_size=...) "
-            "and val_evaluator=dict(type=...), or remove val_interval"
-        )
-    for name, path in (("load_from", load_from), ("resume", resume)):
-        if isinstance(path, str | os.PathLike) and not Path(path).exists():
-            raise FileNotFoundError(
-                f"{name}={str(path)!r}: no such checkpoint. " + _checkpoints_hint(Path(path))
-            )
-
-
-def _check_types(cfg: Config | Mapping[str, Any]) -> None:
-    """Every ``type`` the config names by a string must resolve in its registry (a typo is a
-    ``KeyError`` listing the close names), before any process is started."""
-
-    def check(registry: Any, item: Any) -> None:
-        if isinstance(item, Mapping) and isinstance(item.get("type"), str):
-            registry.resolve(item["type"])
-
-    check(MODELS, cfg.get("model"))
-    check(STRATEGIES, cfg.get("strategy"))
-    for name in ("train_dataloader", "val_dataloader"):
-        loader = cfg.get(name)
-        if isinstance(loader, Mapping):
-            check(DATASETS, loader.get("dataset"))
-    evaluator = cfg.get("val_evaluator")
-    for metric in evaluator if isinstance(evaluator, list | tuple) else [evaluator]:
-        if not (isinstance(metric, Mapping) and metric.get("type") == "Evaluator"):
-            check(METRICS, metric)
-    hooks = list((cfg.get("default_hooks") or {}).values()) + list(cfg.get("custom_hooks") or [])
-    for hook in hooks:
-        check(HOOKS, hook)
-
-
-def _checkpoints_hint(path: Path) -> str:
-    folder = path.parent
-    found = sorted(p.name for p in folder.glob("*.pth")) if folder.is_dir() else []
-    if found:
-        return f"Checkpoints in {folder}: {', '.join(found)}; or resume=True for the latest."
-    return "Check the path, or use resume=True to resume from the latest checkpoint in work_dir."
-
-
-def _check_train_cfg(train_cfg: Any) -> None:
-    if not isinstance(train_cfg, Mapping):
-        raise TypeError(
-            f"train_cfg must be a dict such as dict(by_epoch=True, max_epochs=10), got "
-            f"{train_cfg!r}"
-        )
-    loop_type = train_cfg.get("type")
-    if loop_type is not None and loop_type not in ("EpochBasedTrainLoop", "IterBasedTrainLoop"):
-        return  # a custom loop checks its own arguments
-    by_epoch = train_cfg.get("by_epoch")
-    if loop_type is not None:
-        by_epoch = loop_type == "EpochBasedTrainLoop"
-    epochs = by_epoch or (by_epoch is None and "max_iters" not in train_cfg)
-    key = "max_epochs" if epochs else "max_iters"
-    value = train_cfg.get(key)
-    if value is None:
-        if by_epoch is None:
-            raise ValueError(
-                f"train_cfg={dict(train_cfg)} sets neither max_epochs nor max_iters; use "
-                "train_cfg=dict(by_epoch=True, max_epochs=N) or dict(by_epoch=False, max_iters=N)"
-            )
-        other = "max_iters" if key == "max_epochs" else "max_epochs"
-        raise ValueError(
-            f"train_cfg={dict(train_cfg)} is {'epoch' if by_epoch else 'iteration'}-based but "
-            f"has no {key}; add {key}=N"
-            + (f" (or set by_epoch={not by_epoch} to use {other})" if other in train_cfg else "")
-        )
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"train_cfg.{key} must be a positive int, got {value!r}")
 
 
 def _env_kwargs(env_cfg: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:

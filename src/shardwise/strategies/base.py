@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
+import inspect
 import os
 import re
 import time
@@ -112,9 +114,7 @@ class BaseStrategy:
         max_keep_ckpts: int = -1,
         verify_checksums: bool = True,
     ) -> None:
-        for name, flag in (("async_save", async_save), ("verify_checksums", verify_checksums)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        _check_flags(async_save=async_save, verify_checksums=verify_checksums)
         self._async_save = async_save
         self._verify_checksums = verify_checksums
         self._max_keep_ckpts = check_max_keep_ckpts(max_keep_ckpts)
@@ -131,6 +131,32 @@ class BaseStrategy:
         self.logger = self.build_logger(**(log_kwargs or {}))
         self.dispatch_kwargs: dict[str, Any] = {}
         self._prepared = False
+
+    @classmethod
+    def check_config(
+        cls, cfg: Mapping[str, Any], *, world_size: int = 1, local_world_size: int | None = None
+    ) -> None:
+        """Refuse a config of this strategy (``dict(type=..., **kwargs)``) that its
+        constructor would refuse, without building anything: no process group, no files.
+        ``shardwise train`` calls it before any worker starts; ``world_size`` and
+        ``local_world_size`` (default: the world) are those of the run to be launched.
+
+        Raises:
+            TypeError, ValueError, KeyError: naming the keyword, the value and what fits.
+        """
+        kwargs = {k: v for k, v in cfg.items() if k != "type"}
+        _check_keywords(cls, kwargs)
+        cls._check_kwargs(kwargs, world_size, local_world_size or world_size)
+
+    @classmethod
+    def _check_kwargs(cls, kwargs: Mapping[str, Any], world_size: int, local_size: int) -> None:
+        """The checks of :meth:`check_config` (subclasses add theirs)."""
+        _check_flags(**{k: kwargs[k] for k in ("async_save", "verify_checksums") if k in kwargs})
+        check_max_keep_ckpts(kwargs.get("max_keep_ckpts", -1))
+        _check_auto_scale_lr(kwargs.get("auto_scale_lr"))
+        for name in ("env_kwargs", "log_kwargs"):
+            if not isinstance(kwargs.get(name) or {}, Mapping):
+                raise TypeError(f"{name} must be a dict, got {kwargs[name]!r}")
 
     # ------------------------------------------------------------------ environment
     def _setup_env(
@@ -1038,6 +1064,37 @@ class BaseStrategy:
         if load_from is not None:
             return self.load_checkpoint(load_from)
         return None
+
+
+def _check_flags(**flags: Any) -> None:
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+
+
+def _keywords(cls: type) -> list[str]:
+    """The keyword arguments ``cls(...)`` accepts, up the classes whose ``**kwargs`` pass
+    them on."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        names += [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    return names
+
+
+def _check_keywords(cls: type, kwargs: Mapping[str, Any]) -> None:
+    accepted = _keywords(cls)
+    for name in kwargs:
+        if name not in accepted:
+            close = difflib.get_close_matches(name, accepted, n=3)
+            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+            raise TypeError(
+                f"{cls.__name__} has no keyword {name!r}{hint}; it takes {', '.join(accepted)}"
+            )
 
 
 def _check_auto_scale_lr(cfg: Mapping[str, Any] | None) -> dict[str, Any] | None:

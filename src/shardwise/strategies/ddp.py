@@ -92,20 +92,14 @@ class DDPStrategy(BaseStrategy):
         sync_bn: str | None = None,
         **kwargs: Any,
     ) -> None:
-        if sync_bn not in (None, *_SYNC_BN):
-            raise ValueError(
-                f"sync_bn={sync_bn!r} is not supported; use sync_bn='torch' (SyncBatchNorm) or None"
-            )
-        if model_wrapper is not None and not isinstance(model_wrapper, Mapping):
-            raise TypeError(
-                f"model_wrapper must be a dict such as dict(find_unused_parameters=True), got "
-                f"{model_wrapper!r}"
-            )
-        self._model_wrapper_cfg = dict(model_wrapper or {})
-        self._model_wrapper_cfg.setdefault("type", "ShardwiseDistributedDataParallel")
-        MODEL_WRAPPERS.resolve(self._model_wrapper_cfg["type"])  # an unknown type fails here
+        self._model_wrapper_cfg = _parse_own_args(model_wrapper, sync_bn)
         self._sync_bn = sync_bn
         super().__init__(**kwargs)
+
+    @classmethod
+    def _check_kwargs(cls, kwargs: Mapping[str, Any], world_size: int, local_size: int) -> None:
+        super()._check_kwargs(kwargs, world_size, local_size)
+        _parse_own_args(kwargs.get("model_wrapper"), kwargs.get("sync_bn"))
 
     def _wrap_model(self, model: nn.Module) -> nn.Module:
         if isinstance(model, DistributedDataParallel):
@@ -120,3 +114,21 @@ class DDPStrategy(BaseStrategy):
         return MODEL_WRAPPERS.build(
             self._model_wrapper_cfg, default_args=dict(module=model, device_ids=device_ids)
         )
+
+
+def _parse_own_args(model_wrapper: Any, sync_bn: Any) -> dict[str, Any]:
+    """The model wrapper's config (its ``type`` defaulted and checked); refuses a bad
+    ``sync_bn``."""
+    if sync_bn not in (None, *_SYNC_BN):
+        raise ValueError(
+            f"sync_bn={sync_bn!r} is not supported; use sync_bn='torch' (SyncBatchNorm) or None"
+        )
+    if model_wrapper is not None and not isinstance(model_wrapper, Mapping):
+        raise TypeError(
+            f"model_wrapper must be a dict such as dict(find_unused_parameters=True), got "
+            f"{model_wrapper!r}"
+        )
+    cfg = dict(model_wrapper or {})
+    cfg.setdefault("type", "ShardwiseDistributedDataParallel")
+    MODEL_WRAPPERS.resolve(cfg["type"])  # an unknown type fails here
+    return cfg

@@ -272,20 +272,7 @@ class FSDPStrategy(BaseStrategy):
         train_micro_batch_size_per_gpu: int | None = None,
         **kwargs: Any,
     ) -> None:
-        if not isinstance(skip_init_weights, bool):
-            raise TypeError(
-                f"skip_init_weights must be True or False, got {type(skip_init_weights).__name__}"
-                f": {skip_init_weights!r}"
-            )
-        if train_micro_batch_size_per_gpu is not None and (
-            isinstance(train_micro_batch_size_per_gpu, bool)
-            or not isinstance(train_micro_batch_size_per_gpu, int)
-            or train_micro_batch_size_per_gpu <= 0
-        ):
-            raise ValueError(
-                "train_micro_batch_size_per_gpu must be a positive int (the batch size of one "
-                f"rank), got {train_micro_batch_size_per_gpu!r}"
-            )
+        _check_own_flags(skip_init_weights, train_micro_batch_size_per_gpu)
         self._state_dict = parse_state_dict_cfg(state_dict_cfg)
         self._sharder_cfg, self._fsdp_config = self._parse_model_wrapper(model_wrapper)
         self._activation_checkpointing = parse_activation_checkpointing(activation_checkpointing)
@@ -293,7 +280,9 @@ class FSDPStrategy(BaseStrategy):
         super().__init__(**kwargs)
         if train_micro_batch_size_per_gpu is not None:
             self.dispatch_kwargs["train_micro_batch_size_per_gpu"] = train_micro_batch_size_per_gpu
-        self._replicate_size = self._check_mesh_fits_world()
+        self._replicate_size = replicate_size(
+            self._fsdp_config, self.world_size, dist.get_local_size()
+        )
         ignored = self._fsdp_config.ignored_fsdp1_keys
         if ignored:
             self.logger.info(
@@ -323,19 +312,16 @@ class FSDPStrategy(BaseStrategy):
             return None, parse_model_wrapper(cfg)
         return cfg, FSDPConfig()
 
-    def _check_mesh_fits_world(self) -> int:
-        """The replicate size of the mesh; refuses one that does not divide the world."""
-        cfg, world = self._fsdp_config, self.world_size
-        if cfg.mesh_kind != "hybrid":
-            return world if cfg.mesh_kind == "replicate" else 1
-        size = cfg.replicate_size or max(world // dist.get_local_size(), 1)
-        if world % size:
-            raise ValueError(
-                f"HYBRID_SHARD with replicate_size={size} needs a world size divisible by it, "
-                f"but {world} ranks run; set model_wrapper=dict(replicate_size=...) to a divisor "
-                f"of {world} or launch a multiple of {size} ranks"
-            )
-        return size
+    @classmethod
+    def _check_kwargs(cls, kwargs: Mapping[str, Any], world_size: int, local_size: int) -> None:
+        super()._check_kwargs(kwargs, world_size, local_size)
+        _check_own_flags(
+            kwargs.get("skip_init_weights", False), kwargs.get("train_micro_batch_size_per_gpu")
+        )
+        parse_state_dict_cfg(kwargs.get("state_dict_cfg", "sharded"))
+        _, fsdp_config = cls._parse_model_wrapper(kwargs.get("model_wrapper"))
+        parse_activation_checkpointing(kwargs.get("activation_checkpointing"))
+        replicate_size(fsdp_config, world_size, local_size)
 
     @property
     def state_dict_type(self) -> Any:
@@ -746,6 +732,36 @@ class FSDPStrategy(BaseStrategy):
         if "optimizer" in checkpoint:
             checkpoint["optimizer"] = _map_optimizer_states(checkpoint["optimizer"], as_shard)
         return checkpoint
+
+
+def _check_own_flags(skip_init_weights: Any, micro_batch: Any) -> None:
+    if not isinstance(skip_init_weights, bool):
+        raise TypeError(
+            f"skip_init_weights must be True or False, got {type(skip_init_weights).__name__}"
+            f": {skip_init_weights!r}"
+        )
+    if micro_batch is not None and (
+        isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch <= 0
+    ):
+        raise ValueError(
+            "train_micro_batch_size_per_gpu must be a positive int (the batch size of one "
+            f"rank), got {micro_batch!r}"
+        )
+
+
+def replicate_size(cfg: FSDPConfig, world_size: int, local_size: int) -> int:
+    """The replicate size of the mesh ``cfg`` asks for on ``world_size`` ranks,
+    ``local_size`` per node; refuses one that does not divide the world."""
+    if cfg.mesh_kind != "hybrid":
+        return world_size if cfg.mesh_kind == "replicate" else 1
+    size = cfg.replicate_size or max(world_size // local_size, 1)
+    if world_size % size:
+        raise ValueError(
+            f"HYBRID_SHARD with replicate_size={size} needs a world size divisible by it, "
+            f"but {world_size} ranks run; set model_wrapper=dict(replicate_size=...) to a "
+            f"divisor of {world_size} or launch a multiple of {size} ranks"
+        )
+    return size
 
 
 def _param_name_of(path: tuple[str, ...]) -> str | None:

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from shardwise.checkpoint.retention import check_max_keep_ckpts
 from shardwise.registry import HOOKS
 
 from .hook import Hook
@@ -81,6 +82,8 @@ class CheckpointHook(Hook):
         self.save_optimizer = save_optimizer
         self.save_param_scheduler = save_param_scheduler
         self.out_dir = out_dir
+        if max_keep_ckpts is not None:
+            check_max_keep_ckpts(max_keep_ckpts)
         self.max_keep_ckpts = max_keep_ckpts
         self.save_last = save_last
         self.filename_tmpl = filename_tmpl or ("epoch_{}.pth" if by_epoch else "iter_{}.pth")

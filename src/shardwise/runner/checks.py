@@ -1,0 +1,346 @@
+"""The runner's config checks: everything a config can get wrong is refused before anything
+is built, so that ``shardwise train`` reports it in the launching process, in one line that
+names the key, the value and what fits, and exits 2 before any worker starts.
+
+:func:`check_config` runs them all: the components the runner needs together, every registry
+``type`` (model, strategy, datasets, metrics, hooks, optimizer wrapper and constructor,
+optimizer, schedulers), the strategy's own arguments (:meth:`BaseStrategy.check_config`,
+parallel degrees against the world size), and the optimizer and schedulers built once against
+a stand-in parameter (so that their own checks of numbers and windows run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shardwise.checkpoint import CheckpointError
+from shardwise.checkpoint.formats import probe_checkpoint
+from shardwise.config import Config
+from shardwise.optim import OptimWrapper
+from shardwise.optim.scheduler.builder import build_param_scheduler
+from shardwise.registry import (
+    DATASETS,
+    HOOKS,
+    METRICS,
+    MODELS,
+    OPTIM_WRAPPER_CONSTRUCTORS,
+    OPTIM_WRAPPERS,
+    OPTIMIZERS,
+    PARAM_SCHEDULERS,
+    STRATEGIES,
+)
+
+from .data import check_dataloader_cfg
+from .hooks.defaults import merge_default_hooks
+
+__all__ = [
+    "check_components",
+    "check_config",
+    "check_train_cfg",
+    "check_types",
+    "checkpoints_hint",
+]
+
+_ERRORS = (KeyError, TypeError, ValueError)
+_NOT_WRAPPER_ARGS = ("type", "optimizer", "constructor", "paramwise_cfg")
+
+
+@contextlib.contextmanager
+def at(key: str) -> Iterator[None]:
+    """Errors raised inside name the config ``key`` they concern, on one line."""
+    try:
+        yield
+    except _ERRORS as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        message = " ".join(str(message).split())
+        kind = next(kind for kind in _ERRORS if isinstance(exc, kind))
+        raise kind(message if message.startswith(f"{key}") else f"{key}: {message}") from None
+
+
+def check_config(
+    cfg: Config | Mapping[str, Any],
+    *,
+    world_size: int | None = None,
+    local_world_size: int | None = None,
+) -> None:
+    """Refuse a config that cannot train (see the module docstring). ``world_size`` and
+    ``local_world_size``: of the run to be launched (default: this process's, from the
+    environment). Side-effect free."""
+    if cfg.get("model") is None:
+        where = f" ({cfg.filename})" if getattr(cfg, "filename", None) else ""
+        raise ValueError(
+            f"the config{where} has no 'model'; add model=dict(type='YourModel', ...) "
+            "naming a class registered in shardwise.registry.MODELS (or a dotted import path)"
+        )
+    val_cfg = cfg.get("val_cfg")
+    if cfg.get("val_dataloader") is not None and val_cfg is None:
+        val_cfg = {}
+    check_components(
+        model=cfg["model"],
+        train_dataloader=cfg.get("train_dataloader"),
+        optim_wrapper=cfg.get("optim_wrapper"),
+        train_cfg=cfg.get("train_cfg"),
+        val_dataloader=cfg.get("val_dataloader"),
+        val_evaluator=cfg.get("val_evaluator"),
+        val_cfg=val_cfg,
+        load_from=cfg.get("load_from"),
+        resume=cfg.get("resume", False),
+    )
+    check_types(cfg)
+    world = world_size or int(os.environ.get("WORLD_SIZE", "1") or 1)
+    local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world
+    _check_strategy(cfg.get("strategy"), world, local)
+    optimizer = _check_optim_wrapper(cfg.get("optim_wrapper"), "optim_wrapper")
+    if optimizer is not None and cfg.get("param_scheduler") is not None:
+        _check_schedulers(cfg["param_scheduler"], optimizer, cfg.get("train_cfg") or {})
+
+
+def _check_strategy(strategy: Any, world_size: int, local_size: int) -> None:
+    if not isinstance(strategy, Mapping):
+        return  # absent (the default one) or an object built already
+    with at("strategy"):
+        cls = STRATEGIES.resolve(strategy.get("type", "SingleDeviceStrategy"))
+    if isinstance(cls, type) and hasattr(cls, "check_config"):
+        with at("strategy"):
+            cls.check_config(strategy, world_size=world_size, local_world_size=local_size)
+
+
+def _check_numbers(fn: Any, kwargs: Mapping[str, Any], key: str) -> None:
+    """Refuse a value that is not a number where ``fn``'s default is one (``lr='fast'``)."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    for name, value in kwargs.items():
+        default = parameters[name].default if name in parameters else None
+        numeric = isinstance(default, int | float) and not isinstance(default, bool)
+        if numeric and (isinstance(value, bool) or not isinstance(value, int | float)):
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"{key}.{name}={value!r}: expected a number (the default is {default!r})"
+                )
+
+
+def _check_optim_wrapper(cfg: Any, key: str) -> torch.optim.Optimizer | None:
+    """Check an ``optim_wrapper`` config; returns the optimizer it configures, built over a
+    stand-in parameter (None when there is nothing to build: an object, several optimizers,
+    a custom constructor)."""
+    if not isinstance(cfg, Mapping):
+        return None
+    if not any(k in cfg for k in ("optimizer", "constructor", "type")):  # several optimizers
+        for name, sub in cfg.items():
+            _check_optim_wrapper(sub, f"{key}.{name}")
+        return None
+    wrapper_type = cfg.get("type", "OptimWrapper")
+    with at(f"{key}.type"):
+        OPTIM_WRAPPERS.resolve(wrapper_type)
+    if isinstance(cfg.get("constructor"), str):
+        with at(f"{key}.constructor"):
+            OPTIM_WRAPPER_CONSTRUCTORS.resolve(cfg["constructor"])
+    optimizer_cfg = cfg.get("optimizer")
+    if not isinstance(optimizer_cfg, Mapping) or "type" not in optimizer_cfg:
+        return None
+    with at(f"{key}.optimizer.type"):
+        optimizer_cls = OPTIMIZERS.resolve(optimizer_cfg["type"])
+    hyper = {k: v for k, v in optimizer_cfg.items() if k != "type" and not k.startswith("_")}
+    _check_numbers(optimizer_cls, hyper, f"{key}.optimizer")
+    optimizer = dry_build(
+        f"{key}.optimizer", lambda: optimizer_cls([torch.nn.Parameter(torch.zeros(1))], **hyper)
+    )
+    if optimizer is not None:
+        wrapper_args = {k: v for k, v in cfg.items() if k not in _NOT_WRAPPER_ARGS}
+        dry_build(
+            key,
+            lambda: OPTIM_WRAPPERS.build(
+                dict(type=wrapper_type, optimizer=optimizer, **wrapper_args)
+            ),
+        )
+    return optimizer
+
+
+def _check_schedulers(cfg: Any, optimizer: torch.optim.Optimizer, train_cfg: Mapping) -> None:
+    """Build each scheduler config over the stand-in optimizer (checks types, numbers and
+    ``[begin, end)`` windows; a missing ``end`` is the run's length, as the strategy sets it)."""
+    items = cfg if isinstance(cfg, list | tuple) else [cfg]
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            continue  # a built scheduler, or one list per optimizer (checked when built)
+        key = f"param_scheduler[{i}]" if isinstance(cfg, list | tuple) else "param_scheduler"
+        item = dict(item)
+        if "type" not in item:
+            continue
+        with at(f"{key}.type"):
+            scheduler_cls = PARAM_SCHEDULERS.resolve(item["type"])
+        args = {k: v for k, v in item.items() if k not in ("type", "convert_to_iter_based")}
+        _check_numbers(scheduler_cls, args, key)
+        if "end" not in item:
+            length = train_cfg.get("max_epochs" if item.get("by_epoch", True) else "max_iters")
+            if not isinstance(length, int):
+                continue
+            item["end"] = length
+        build = functools.partial(build_param_scheduler, item, OptimWrapper(optimizer))
+        dry_build(key, functools.partial(build, epoch_length=1))
+
+
+def dry_build(key: str, build: Callable[[], Any]) -> Any:
+    """``build()`` an object only to have its constructor check its arguments (quietly): its
+    refusal names ``key``; an object that needs what only a run has (a process group, a
+    device) is not judged here (None)."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with at(key):
+            return build()
+    except _ERRORS:
+        raise
+    except Exception:  # noqa: BLE001 - not a bad argument: left to the run
+        return None
+    finally:
+        logging.disable(previous)
+
+
+def check_components(
+    *,
+    model: Any,
+    train_dataloader: Any,
+    optim_wrapper: Any,
+    train_cfg: Any,
+    val_dataloader: Any,
+    val_evaluator: Any,
+    val_cfg: Any,
+    load_from: Any,
+    resume: Any,
+) -> None:
+    """The runner's bad-input checks (no side effects)."""
+    if model is None:
+        raise ValueError(
+            "model is None; pass an nn.Module or a config such as model=dict(type='YourModel')"
+        )
+    training = dict(
+        train_dataloader=train_dataloader, train_cfg=train_cfg, optim_wrapper=optim_wrapper
+    )
+    given = [k for k, v in training.items() if v is not None]
+    if given and len(given) < len(training):
+        missing = [k for k in training if k not in given]
+        raise ValueError(
+            f"training needs train_dataloader, train_cfg and optim_wrapper together; got "
+            f"{', '.join(given)} but not {', '.join(missing)}. Add "
+            + " and ".join(f"{k}=..." for k in missing)
+        )
+    if train_cfg is not None:
+        check_train_cfg(train_cfg)
+    if isinstance(train_dataloader, Mapping):
+        check_dataloader_cfg(train_dataloader, "train_dataloader")
+    if isinstance(val_dataloader, Mapping):
+        check_dataloader_cfg(val_dataloader, "val_dataloader")
+    validation = dict(val_dataloader=val_dataloader, val_evaluator=val_evaluator, val_cfg=val_cfg)
+    given = [k for k, v in validation.items() if v is not None]
+    if given and len(given) < len(validation):
+        missing = [k for k in validation if k not in given]
+        raise ValueError(
+            f"validation needs val_dataloader and val_evaluator together; got "
+            f"{', '.join(given)} but not {', '.join(missing)}. Add "
+            + " and ".join(f"{k}=..." for k in missing)
+            + ", or remove the others"
+        )
+    if train_cfg is not None and "val_interval" in train_cfg and val_dataloader is None:
+        raise ValueError(
+            f"train_cfg.val_interval={train_cfg['val_interval']!r} asks for validation, but the "
+            "config has no val_dataloader; add val_dataloader=dict(dataset=..., batch_size=...) "
+            "and val_evaluator=dict(type=...), or remove val_interval"
+        )
+    for name, path in (("load_from", load_from), ("resume", resume)):
+        if isinstance(path, str | os.PathLike):
+            if not Path(path).exists():
+                raise FileNotFoundError(
+                    f"{name}={str(path)!r}: no such checkpoint. " + checkpoints_hint(Path(path))
+                )
+            try:
+                probe_checkpoint(path)
+            except CheckpointError as exc:
+                raise ValueError(f"{name}={str(path)!r}: {exc}") from None
+
+
+def check_types(cfg: Config | Mapping[str, Any]) -> None:
+    """Every ``type`` the config names by a string must resolve in its registry (a typo is a
+    ``KeyError`` listing the close names), before any process is started."""
+
+    def check(registry: Any, item: Any, key: str) -> None:
+        if isinstance(item, Mapping) and isinstance(item.get("type"), str):
+            with at(f"{key}.type"):
+                registry.resolve(item["type"])
+
+    check(MODELS, cfg.get("model"), "model")
+    check(STRATEGIES, cfg.get("strategy"), "strategy")
+    for name in ("train_dataloader", "val_dataloader"):
+        loader = cfg.get(name)
+        if isinstance(loader, Mapping):
+            check(DATASETS, loader.get("dataset"), f"{name}.dataset")
+    evaluator = cfg.get("val_evaluator")
+    for metric in evaluator if isinstance(evaluator, list | tuple) else [evaluator]:
+        if not (isinstance(metric, Mapping) and metric.get("type") == "Evaluator"):
+            check(METRICS, metric, "val_evaluator")
+    merged = merge_default_hooks(cfg.get("default_hooks"))
+    hooks = {f"default_hooks.{name}": hook for name, hook in merged.items()}
+    hooks.update((f"custom_hooks[{i}]", h) for i, h in enumerate(cfg.get("custom_hooks") or []))
+    for key, hook in hooks.items():
+        check(HOOKS, hook, key)
+        _dry_build_own_hook(hook, key)
+
+
+def _dry_build_own_hook(hook: Any, key: str) -> None:
+    """Build a hook of shardwise's own from its config, so that its arguments are checked
+    (a user's hook is left to the run: its constructor may do more than check)."""
+    if not isinstance(hook, Mapping) or not isinstance(hook.get("type"), str):
+        return
+    cls = HOOKS.resolve(hook["type"])
+    if getattr(cls, "__module__", "").startswith("shardwise."):
+        dry_build(key, lambda: HOOKS.build({k: v for k, v in hook.items() if k != "priority"}))
+
+
+def checkpoints_hint(path: Path) -> str:
+    folder = path.parent
+    found = sorted(p.name for p in folder.glob("*.pth")) if folder.is_dir() else []
+    if found:
+        return f"Checkpoints in {folder}: {', '.join(found)}; or resume=True for the latest."
+    return "Check the path, or use resume=True to resume from the latest checkpoint in work_dir."
+
+
+def check_train_cfg(train_cfg: Any) -> None:
+    if not isinstance(train_cfg, Mapping):
+        raise TypeError(
+            f"train_cfg must be a dict such as dict(by_epoch=True, max_epochs=10), got "
+            f"{train_cfg!r}"
+        )
+    loop_type = train_cfg.get("type")
+    if loop_type is not None and loop_type not in ("EpochBasedTrainLoop", "IterBasedTrainLoop"):
+        return  # a custom loop checks its own arguments
+    by_epoch = train_cfg.get("by_epoch")
+    if loop_type is not None:
+        by_epoch = loop_type == "EpochBasedTrainLoop"
+    epochs = by_epoch or (by_epoch is None and "max_iters" not in train_cfg)
+    key = "max_epochs" if epochs else "max_iters"
+    value = train_cfg.get(key)
+    if value is None:
+        if by_epoch is None:
+            raise ValueError(
+                f"train_cfg={dict(train_cfg)} sets neither max_epochs nor max_iters; use "
+                "train_cfg=dict(by_epoch=True, max_epochs=N) or dict(by_epoch=False, max_iters=N)"
+            )
+        other = "max_iters" if key == "max_epochs" else "max_epochs"
+        raise ValueError(
+            f"train_cfg={dict(train_cfg)} is {'epoch' if by_epoch else 'iteration'}-based but "
+            f"has no {key}; add {key}=N"
+            + (f" (or set by_epoch={not by_epoch} to use {other})" if other in train_cfg else "")
+        )
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"train_cfg.{key} must be a positive int, got {value!r}")
