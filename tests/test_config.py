@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import json
 import pickle
@@ -10,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from shardwise.config import (
@@ -37,7 +39,6 @@ def test_py_config_top_level_names_become_keys(tmp_path):
         """
         import math
         from collections import OrderedDict
-        from torch.optim import AdamW
 
         def helper(x):
             return x * 2
@@ -46,15 +47,38 @@ def test_py_config_top_level_names_become_keys(tmp_path):
         _hidden = 3
         lr = helper(0.05)
         model = dict(type='Linear', in_features=4, act=None, sizes=(1, 2))
+        optimizer = dict(type=OrderedDict, eps=math.sqrt(1e-16))
+        """,
+    )
+    cfg = Config.fromfile(path)
+    # modules, functions and __dunder__ names are dropped; a class stays, as in mmengine
+    assert set(cfg) == {"OrderedDict", "_hidden", "lr", "model", "optimizer"}
+    assert cfg.lr == 0.1
+    assert cfg.model.sizes == (1, 2)
+    assert cfg.optimizer.type is collections.OrderedDict
+    assert cfg.filename == str(path)
+    assert cfg.text.startswith(str(path) + "\n") and "helper(0.05)" in cfg.text
+
+
+def test_py_config_importing_a_third_party_module_reads_it_lazily(tmp_path):
+    path = write(
+        tmp_path / "cfg.py",
+        """
+        import math
+        from torch.optim import AdamW
+
+        def helper(x):
+            return x * 2
+
+        lr = helper(0.05)
         optimizer = dict(type=AdamW, eps=math.sqrt(1e-16))
         """,
     )
     cfg = Config.fromfile(path)
-    assert set(cfg) == {"_hidden", "lr", "model", "optimizer"}
-    assert cfg.lr == 0.1
-    assert cfg.model.sizes == (1, 2)
-    assert cfg.optimizer.type.__name__ == "AdamW"
-    assert cfg.filename == str(path)
+    assert cfg.optimizer.type is torch.optim.AdamW  # imported when read
+    plain = cfg.to_dict()  # imported names left out, the lazy import as its path
+    assert set(plain) == {"helper", "lr", "optimizer"}
+    assert plain["optimizer"] == {"type": "torch.optim.AdamW", "eps": 1e-08}
 
 
 def test_json_and_yaml_configs_load(tmp_path):
@@ -93,6 +117,7 @@ def test_missing_attribute_raises_attribute_error_naming_the_key():
 
 
 def test_config_copies_deepcopies_and_pickles(tmp_path):
+    write(tmp_path / "c.py", "model = dict(depth=50)\nt = (1, None)\n")
     cfg = Config(dict(model=dict(depth=50), t=(1, None)), filename=tmp_path / "c.py")
     deep = copy.deepcopy(cfg)
     deep.model.depth = 101
@@ -102,13 +127,14 @@ def test_config_copies_deepcopies_and_pickles(tmp_path):
     assert "new_key" not in cfg
     loaded = pickle.loads(pickle.dumps(cfg))
     assert loaded.to_dict() == cfg.to_dict() and loaded.filename == cfg.filename
+    assert loaded.text == cfg.text == (tmp_path / "c.py").read_text()
     assert isinstance(loaded.model, ConfigDict)
     assert pickle.loads(pickle.dumps(cfg.model)) == {"depth": 50}
 
 
-def test_pretty_text_and_repr_show_the_values():
+def test_pretty_text_and_repr_show_the_values_with_keys_sorted():
     cfg = Config(dict(model=dict(type="Linear", bias=False), lr=0.1))
-    assert "model = dict(type='Linear', bias=False)" in cfg.pretty_text
+    assert cfg.pretty_text == "lr = 0.1\nmodel = dict(bias=False, type='Linear')\n"
     assert "'Linear'" in repr(cfg) and "lr" in repr(cfg)
 
 
@@ -131,9 +157,9 @@ def test_single_base_is_merged_recursively(tmp_path):
     }
 
 
-def test_list_of_bases_of_mixed_formats_merge_in_order(tmp_path):
+def test_list_of_bases_of_mixed_formats_merge(tmp_path):
     write(tmp_path / "model.py", "model = dict(type='Net', depth=50)")
-    write(tmp_path / "sched.yaml", "sched:\n  type: StepLR\n  step: 3\nlr: 0.1\n")
+    write(tmp_path / "sched.yaml", "sched:\n  type: StepLR\n  step: 3\n")
     write(tmp_path / "runtime.json", json.dumps({"lr": 0.2, "seed": 0}))
     child = write(
         tmp_path / "child.py",
@@ -151,6 +177,14 @@ def test_list_of_bases_of_mixed_formats_merge_in_order(tmp_path):
     }
 
 
+def test_two_bases_defining_one_key_is_an_error_naming_it(tmp_path):
+    write(tmp_path / "a.py", "lr = 0.1\nseed = 0")
+    write(tmp_path / "b.yaml", "lr: 0.2\n")
+    child = write(tmp_path / "child.py", "_base_ = ['a.py', 'b.yaml']\n")
+    with pytest.raises(KeyError, match=r"Duplicate key.*'lr'.*child\.py.*b\.yaml"):
+        Config.fromfile(child)
+
+
 def test_delete_key_replaces_the_base_dict(tmp_path):
     write(tmp_path / "base.py", "optim = dict(type='SGD', lr=0.1, momentum=0.9)")
     child = write(
@@ -165,11 +199,14 @@ def test_delete_key_replaces_the_base_dict(tmp_path):
 
 def test_child_dict_over_base_scalar_needs_delete(tmp_path):
     write(tmp_path / "base.py", "clip = None\nsched = 'step'")
-    child = write(tmp_path / "child.py", "_base_ = 'base.py'\nclip = dict(max_norm=1)")
-    assert Config.fromfile(child).clip == {"max_norm": 1}
-    bad = write(tmp_path / "bad.py", "_base_ = 'base.py'\nsched = dict(type='x')")
-    with pytest.raises(TypeError, match="sched.*_delete_=True"):
-        Config.fromfile(bad)
+    for key in ("clip", "sched"):
+        bad = write(tmp_path / "bad.py", f"_base_ = 'base.py'\n{key} = dict(max_norm=1)")
+        with pytest.raises(TypeError, match=f"{key}.*_delete_=True"):
+            Config.fromfile(bad)
+    child = write(
+        tmp_path / "child.py", "_base_ = 'base.py'\nclip = dict(_delete_=True, max_norm=1)"
+    )
+    assert Config.fromfile(child).clip.to_dict() == {"max_norm": 1}
 
 
 def test_base_in_subfolder_resolves_relative_to_each_file(tmp_path):
@@ -239,42 +276,52 @@ def test_unknown_extension_names_it_and_the_accepted_ones(tmp_path):
 # ----------------------------------------------------------------------------- overrides
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("1", 1),
-        ("-3", -3),
-        ("0.5", 0.5),
-        ("1e-3", 1e-3),
-        ("true", True),
-        ("False", False),
-        ("None", None),
-        ("none", None),
-        ("null", None),
-        ("[1,2]", [1, 2]),
-        ("[]", []),
-        ("a,b,c", ["a", "b", "c"]),
-        ("(1,2)", (1, 2)),
-        ("(1,)", (1,)),
-        ("[(1, 2), [a, b], c]", [(1, 2), ["a", "b"], "c"]),
-        ("'x'", "x"),
-        ('"1,2"', "1,2"),
-        ("'true'", "true"),
-        ("[\"a,b\", 'c']", ["a,b", "c"]),
-        ("hello world", "hello world"),
-        ("it's", "it's"),
-        ("torch.optim.AdamW", "torch.optim.AdamW"),
-        ("", ""),
-    ],
-)
-def test_override_value_kinds_parse(text, expected):
+OVERRIDE_VALUES = [
+    ("1", 1),
+    ("-3", -3),
+    ("0.5", 0.5),
+    ("1e-3", 1e-3),
+    ("true", True),
+    ("False", False),
+    ("None", None),
+    ("none", "none"),  # only ``None`` is None
+    ("[1,2]", [1, 2]),
+    ("[]", []),
+    ("()", ()),
+    ("a,b,c", ["a", "b", "c"]),
+    ("a,b,", ["a", "b"]),
+    ("(1,2)", (1, 2)),
+    ("(1,)", (1,)),
+    ("[(1, 2), [a, b], c]", [(1, 2), ["a", "b"], "c"]),
+    ("[[1]]", [[1]]),
+    ("'x'", "x"),  # surrounding quotes are stripped
+    ('"1,2"', [1, 2]),
+    ("'true'", True),
+    ("hello world", "helloworld"),  # spaces are removed
+    ("it's", "it's"),
+    ("torch.optim.AdamW", "torch.optim.AdamW"),
+    ("", ""),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), OVERRIDE_VALUES)
+def test_override_values_parse_as_mmengine_s_dict_action(text, expected):
     value = parse_value(text)
     assert value == expected and type(value) is type(expected)
 
 
+def test_override_values_parse_as_mmengine_itself_parses_them():
+    mmengine_config = pytest.importorskip("mmengine.config")
+    for text, _ in OVERRIDE_VALUES:
+        ours, theirs = parse_value(text), mmengine_config.DictAction._parse_iterable(text)
+        assert ours == theirs and type(ours) is type(theirs), text
+
+
 def test_override_value_with_unbalanced_brackets_is_an_error():
-    with pytest.raises(ValueError, match=r"\[1,2.*quote"):
+    with pytest.raises(ValueError, match=r"'\[1,2'.*not balanced"):
         parse_value("[1,2")
+    with pytest.raises(AssertionError):  # what mmengine's DictAction raises
+        parse_value("[(a,b), [1,2], false")
 
 
 def test_override_strings_split_at_the_first_equals_sign():
@@ -290,8 +337,10 @@ def test_override_strings_split_at_the_first_equals_sign():
 def test_dict_action_collects_cfg_options():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cfg-options", nargs="+", action=DictAction)
-    args = parser.parse_args(["--cfg-options", "a.b=1", "c=[x,y]"])
-    assert args.cfg_options == {"a.b": 1, "c": ["x", "y"]}
+    args = parser.parse_args(["--cfg-options", "a.b=1", "c=[x,y]", "--cfg-options", "a.b=2"])
+    assert args.cfg_options == {"a.b": 2, "c": ["x", "y"]}
+    with pytest.raises(ValueError, match="not balanced"):  # out of parse_args, as mmengine
+        parser.parse_args(["--cfg-options", "a=[(x,y), z"])
 
 
 def test_override_nested_key_list_index_and_new_leaf():
@@ -307,7 +356,7 @@ def test_override_nested_key_list_index_and_new_leaf():
             [
                 "model.backbone.depth=101",
                 "sched.0.end=10",
-                "sched.1=null",
+                "sched.1=None",
                 "model.backbone.frozen=true",
                 "optim.clip_grad.max_norm=1.0",
                 "seed=3",
@@ -344,10 +393,13 @@ def test_override_bad_list_index_and_path_through_scalar_raise():
     cfg = Config(dict(sched=[dict(end=1)], lr=0.1))
     with pytest.raises(KeyError, match=r"'sched' is a list of 1.*'3'"):
         cfg.merge_from_dict({"sched.3.end": 2})
-    with pytest.raises(KeyError, match=r"'lr' holds 0\.1"):
+    with pytest.raises(TypeError, match=r"'lr' holds 0\.1"):
         cfg.merge_from_dict({"lr.value": 2})
-    with pytest.raises(KeyError, match="'sched' is a list"):
+    with pytest.raises(TypeError, match="'sched' is a list.*allow_list_keys=True"):
         cfg.merge_from_dict({"sched.0.end": 2}, allow_list_keys=False)
+    with pytest.raises(TypeError, match="lr.*_delete_=True"):
+        cfg.merge_from_dict({"lr": dict(value=2)})
+    assert cfg.to_dict() == {"sched": [{"end": 1}], "lr": 0.1}
 
 
 # ----------------------------------------------------------------------------- dumping
@@ -378,13 +430,24 @@ def test_py_dump_of_loaded_inherited_config_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize("suffix", [".json", ".yaml", ".yml"])
-def test_json_and_yaml_dumps_load_back_with_tuples_as_lists(tmp_path, suffix):
+def test_json_and_yaml_dumps_load_back_equal_json_with_tuples_as_lists(tmp_path, suffix):
     data = dict(model=dict(type="Net", sizes=(1, 2), act=None), lr=0.1, names=["a", "b'c"])
     Config(data).dump(tmp_path / f"out{suffix}")
     loaded = Config.fromfile(tmp_path / f"out{suffix}").to_dict()
+    sizes = [1, 2] if suffix == ".json" else (1, 2)
     assert loaded == dict(
-        model=dict(type="Net", sizes=[1, 2], act=None), lr=0.1, names=data["names"]
+        model=dict(type="Net", sizes=sizes, act=None), lr=0.1, names=data["names"]
     )
+    assert type(loaded["model"]["sizes"]) is type(sizes)
+
+
+def test_json_and_yaml_dumps_are_written_as_mmengine_writes_them(tmp_path):
+    fileio = pytest.importorskip("mmengine.fileio")
+    data = dict(b=dict(sizes=(1, 2), act=None), a=[0.1, "x"])
+    for suffix in (".json", ".yaml"):
+        Config(data).dump(tmp_path / f"out{suffix}")
+        theirs = fileio.dump(data, file_format=suffix[1:])
+        assert (tmp_path / f"out{suffix}").read_text() == theirs
 
 
 def test_dump_refuses_non_literal_values_naming_the_key(tmp_path):
