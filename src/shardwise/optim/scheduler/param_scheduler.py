@@ -49,6 +49,7 @@ __all__ = [
     "PolyParamScheduler",
     "ReduceOnPlateauParamScheduler",
     "StepParamScheduler",
+    "watch_first_step",
 ]
 
 INF = int(1e9)
