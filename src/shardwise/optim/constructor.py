@@ -50,8 +50,8 @@ _LR_MULTS = ("bias_lr_mult", "dcn_offset_lr_mult")
 
 
 def register_torch_optimizers() -> list[str]:
-    """Register every optimizer class of ``torch.optim`` in ``OPTIMIZERS`` under its name
-    (again: no-op) and return the names, as mmengine's function of the same name does."""
+    """Register every optimizer class of ``torch.optim`` in ``OPTIMIZERS`` under its name (a
+    class registered already stays) and return the names, as mmengine's function does."""
     names = []
     for name, obj in inspect.getmembers(torch.optim, inspect.isclass):
         if issubclass(obj, Optimizer):
@@ -297,8 +297,8 @@ class DefaultOptimizerConstructor:
         """Build the optimizer and its wrapper for ``model``'s parameters."""
         model = _unwrap(model)
         optimizer_cfg = dict(self.optimizer_cfg)
+        params: list[Any] = []
         if self.paramwise_cfg:
-            params: list[dict[str, Any]] = []
             self.add_params(params, model)
         else:
             params = list(model.parameters())
