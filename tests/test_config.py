@@ -241,9 +241,42 @@ def test_base_cycle_raises_naming_the_files(tmp_path):
 def test_missing_file_error_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.py"):
         Config.fromfile(tmp_path / "nope.py")
-    child = write(tmp_path / "child.py", "_base_ = 'gone.yaml'")
-    with pytest.raises(FileNotFoundError, match=r"gone\.yaml.*child\.py"):
+
+
+def test_missing_base_file_error_names_the_config_the_line_and_the_path(tmp_path):
+    write(tmp_path / "base.py", "a = 1")
+    child = write(tmp_path / "child.py", "x = 1\n_base_ = [\n    'base.py', 'gone.yaml']\n")
+    with pytest.raises(FileNotFoundError, match=r"child\.py, line 2: .*'gone\.yaml'.*gone\.yaml"):
         Config.fromfile(child)
+    data = write(tmp_path / "child.yaml", "x: 1\n_base_: ../nowhere/base.py\n")
+    with pytest.raises(FileNotFoundError, match=r"child\.yaml, line 2: .*nowhere/base\.py"):
+        Config.fromfile(data)
+
+
+def test_unknown_base_variable_error_names_the_config_the_line_and_the_key(tmp_path):
+    write(tmp_path / "base.py", "model = dict(backbone=dict(depth=50))")
+    child = write(
+        tmp_path / "child.py",
+        """
+        _base_ = 'base.py'
+        neck = dict(depth={{_base_.model.backbone.depht}})
+        """,
+    )
+    with pytest.raises(KeyError, match=r"child\.py, line 3: .*'depht'.*did you mean 'depth'"):
+        Config.fromfile(child)
+    orphan = write(tmp_path / "orphan.py", "x = {{_base_.lr}}\n")
+    with pytest.raises(KeyError, match=r"orphan\.py, line 1: .*'lr' in the base configs"):
+        Config.fromfile(orphan)
+
+
+def test_unset_environment_variable_without_default_is_an_error_naming_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("SHARDWISE_TEST_UNSET", raising=False)
+    path = write(tmp_path / "cfg.py", "root = '{{$SHARDWISE_TEST_UNSET:}}'\n")
+    with pytest.raises(KeyError, match="SHARDWISE_TEST_UNSET"):
+        Config.fromfile(path)
+    monkeypatch.setenv("SHARDWISE_TEST_UNSET", "/data")
+    cfg = Config.fromfile(path)
+    assert cfg.root == "/data" and cfg.env_variables == {"SHARDWISE_TEST_UNSET": "/data"}
 
 
 def test_syntax_error_names_file_and_line(tmp_path):
@@ -271,6 +304,42 @@ def test_unknown_extension_names_it_and_the_accepted_ones(tmp_path):
     path = write(tmp_path / "cfg.toml", "a = 1")
     with pytest.raises(ValueError, match=r"'\.toml'.*\.py, \.json, \.yaml, \.yml"):
         Config.fromfile(path)
+    with pytest.raises(OSError):  # what mmengine raises
+        Config.fromstring("a = 1", ".toml")
+
+
+# ----------------------------------------------------------------------------- text, helpers
+
+
+def test_predefined_variables_name_the_file_they_are_in(tmp_path):
+    write(tmp_path / "base" / "paths.py", "here = '{{ fileDirname }}'\nname = '{{fileBasename}}'")
+    child = write(tmp_path / "child.py", "_base_ = 'base/paths.py'\nown = '{{ fileExtname }}'")
+    cfg = Config.fromfile(child)
+    assert cfg.to_dict() == dict(here=str(tmp_path / "base"), name="paths.py", own=".py")
+    raw = Config.fromfile(child, use_predefined_variables=False)
+    assert raw.own == "{{ fileExtname }}"
+
+
+def test_fromstring_reads_config_text_of_each_format():
+    assert Config.fromstring("a = dict(b=(1, 2))", ".py").to_dict() == {"a": {"b": (1, 2)}}
+    assert Config.fromstring('{"a": [1]}', ".json").to_dict() == {"a": [1]}
+    assert Config.fromstring("a: [1]\n", ".yaml").to_dict() == {"a": [1]}
+
+
+def test_deprecated_config_warns_naming_its_replacement(tmp_path):
+    path = write(tmp_path / "old.py", "_deprecation_ = dict(expected='new.py')\na = 1\n")
+    with pytest.warns(DeprecationWarning, match=r"old\.py will be deprecated.*new\.py"):
+        cfg = Config.fromfile(path)
+    assert cfg.to_dict() == {"a": 1}
+
+
+def test_auto_argparser_offers_an_option_per_value(tmp_path, monkeypatch):
+    path = write(tmp_path / "cfg.py", "lr = 0.1\nname = 'x'\nflag = False\nmodel = dict(depth=50)")
+    monkeypatch.setattr("sys.argv", ["train.py", str(path)])
+    parser, cfg = Config.auto_argparser()
+    args = parser.parse_args([str(path), "--lr", "0.5", "--model.depth", "18", "--flag"])
+    assert (args.lr, getattr(args, "model.depth"), args.flag, args.name) == (0.5, 18, True, None)
+    assert cfg.filename == str(path)
 
 
 # ----------------------------------------------------------------------------- overrides

@@ -117,15 +117,15 @@ class _MissingBaseVar(KeyError):
 def _base_value(name: str, base_cfg: Any) -> Any:
     """The value at the dotted ``name`` in ``base_cfg``."""
     value = base_cfg
-    for i, key in enumerate(name.split(".")):
+    keys = name.split(".")
+    for i, key in enumerate(keys):
         if not isinstance(value, dict) or key not in value:
-            where = ".".join(name.split(".")[:i]) or "the base configs"
-            hint = (
-                close_keys(key, value)
-                if isinstance(value, dict)
-                else (f"{where} is a {type(value).__name__}, not a dict")
-            )
-            raise _MissingBaseVar(name, f"{where} has no key {key!r}; {hint}")
+            where = ".".join([BASE_KEY, *keys[:i]]) if i else "the base configs"
+            if isinstance(value, dict):
+                hint = close_keys(key, value)
+            else:
+                hint = f"{where} is a {type(value).__name__}, not a dict"
+            raise _MissingBaseVar(name, f"no key {key!r} in {where}; {hint}")
         value = value[key]
     return value
 
@@ -359,22 +359,7 @@ def file2dict(
     Returns ``(cfg_dict, cfg_text, env_variables)``: the merged dict, the texts of the file
     and its bases (each headed by its path), and the environment variables used.
     """
-    filename = os.path.abspath(os.path.expanduser(filename))
-    if not os.path.isfile(filename):
-        raise FileNotFoundError(f'file "{filename}" does not exist')
-    check_format(filename)
-    if lazy_import is None and is_lazy_import(filename):
-        raise RuntimeError(
-            "The configuration file type in the inheritance chain must match the current "
-            'configuration file type, either "lazy_import" or non-"lazy_import". You got this '
-            f"error since you use the syntax like `with read_base(): ...` or import non-builtin "
-            f"module in {filename} (a {BASE_KEY} of {_chain[-1] if _chain else 'nothing'}); "
-            "read it as a plain config with lazy_import=False, or make the whole chain use "
-            "`with read_base():`"
-        )
-    if filename in _chain:
-        cycle = " -> ".join((*_chain[_chain.index(filename) :], filename))
-        raise ValueError(f"circular {BASE_KEY} inheritance: {cycle}")
+    filename = _checked_path(filename, lazy_import, _chain)
     source = Path(filename).read_text(encoding="utf-8")
     text = substitute_predefined_vars(source, filename) if use_predefined_variables else source
     env: dict = {}
@@ -387,22 +372,49 @@ def file2dict(
         lazy_import=lazy_import,
     )
     base, texts, base_env = _read_bases(filename, text, options, (*_chain, filename))
-    env.update(base_env)
-    if filename.endswith(".py"):
-        cfg = _run_py(filename, text, base)
-    else:
-        cfg = _load_data(filename, text)
+    cfg = _run_py(filename, text, base) if filename.endswith(".py") else _load_data(filename, text)
     _warn_deprecation(cfg, filename)
+    cfg = _with_base_values(cfg, placeholders, base, filename, source)
+    cfg.pop(BASE_KEY, None)
+    merged = merge_a_into_b(cfg, base)
+    texts.append(filename + "\n" + source)
+    own = {k: v for k, v in merged.items() if not k.startswith("__")}
+    return own, "\n".join(texts), {**env, **base_env}
+
+
+def _checked_path(filename: str, lazy_import: bool | None, chain: tuple[str, ...]) -> str:
+    """The absolute path of a config file that exists, has a supported format, is not lazy
+    (unless ``lazy_import`` says how to read it) and is not in its own ``_base_`` chain."""
+    filename = os.path.abspath(os.path.expanduser(filename))
+    if not os.path.isfile(filename):
+        raise FileNotFoundError(f'file "{filename}" does not exist')
+    check_format(filename)
+    if lazy_import is None and is_lazy_import(filename):
+        raise RuntimeError(
+            "The configuration file type in the inheritance chain must match the current "
+            'configuration file type, either "lazy_import" or non-"lazy_import". You got this '
+            "error since you use the syntax like `with read_base(): ...` or import non-builtin "
+            f"module in {filename}"
+            + (f", a {BASE_KEY} file of {chain[-1]}" if chain else "")
+            + "; read it with lazy_import=False, or make every file of the chain use "
+            "`with read_base():`"
+        )
+    if filename in chain:
+        cycle = " -> ".join((*chain[chain.index(filename) :], filename))
+        raise ValueError(f"circular {BASE_KEY} inheritance: {cycle}")
+    return filename
+
+
+def _with_base_values(
+    cfg: dict, placeholders: dict[str, str], base: ConfigDict, filename: str, source: str
+) -> dict:
+    """:func:`substitute_base_vars`, its error naming the file, line and key."""
     try:
-        cfg = substitute_base_vars(cfg, placeholders, base)
+        return substitute_base_vars(cfg, placeholders, base)
     except _MissingBaseVar as e:
         name, why = e.args
         line = _line_of(source, r"\{\{\s*" + BASE_KEY + r"\." + re.escape(name) + r"\s*\}\}")
         raise KeyError(f"{filename}, line {line}: {{{{{BASE_KEY}.{name}}}}}: {why}") from None
-    cfg.pop(BASE_KEY, None)
-    merged = merge_a_into_b(cfg, base)
-    texts.append(filename + "\n" + source)
-    return {k: v for k, v in merged.items() if not k.startswith("__")}, "\n".join(texts), env
 
 
 def _warn_deprecation(cfg: dict, filename: str) -> None:

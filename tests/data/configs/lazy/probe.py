@@ -1,0 +1,3 @@
+from shardwise_lazy_probe import Probe
+
+model = dict(type=Probe, width=2)
