@@ -986,7 +986,52 @@ def write_meta_init(rep: Report, res: dict[str, Any]) -> None:
     rep.add(res["text"], "")
 
 
+def write_kill_campaign(rep: Report, res: dict[str, Any]) -> None:
+    rep.add("## 7. kill -9 campaign: crash safety of saves (bench/kill_campaign.py)", "")
+    if rep.section_failed("kill_campaign", res):
+        return
+    s, m = res["summary"], res["machine"]
+    rep.add(
+        f"Taken by `python bench/kill_campaign.py` on {m['date']} ({m['cpu']}, {m['cores']} "
+        f"cores, torch {m['torch']}), {res['wall_s']:.0f} s; not re-run by `make bench`. Each "
+        f"trial starts a real `shardwise train` (FSDPStrategy, a checkpoint after every one of "
+        f"{res['max_iters']} iterations, max_keep_ckpts=3, 14 MB of state), waits for its "
+        "first commit and a random delay (uniform in [0, 1.5) s), SIGKILLs every process of the "
+        "run by pid (torchrun's workers live in sessions of their own), verifies every "
+        "committed checkpoint against its manifest, then runs `shardwise train --resume` and "
+        "checks that it continues from the iteration of the checkpoint it picked and ends "
+        "with a final checkpoint that verifies. *Corrupt*: any of that fails; *hang*: a "
+        "process survives the kill or the resume does not end within 240 s. *Mid-save*: the "
+        "kill left a save's staging path behind.",
+        "",
+    )
+    rows = [
+        [kind, str(r["trials"]), str(r["ok"]), str(r["corrupt"]), str(r["hang"]), str(r["mid"])]
+        for kind, r in sorted(s["by_kind"].items())
+    ]
+    rows.append(
+        [
+            "**all**",
+            str(s["trials"]),
+            str(s["ok"]),
+            f"**{s['corrupt']}**",
+            f"**{s['hang']}**",
+            str(s["mid_save"]),
+        ]
+    )
+    rep.table(["trials", "n", "ok", "corrupt", "hang", "mid-save"], rows)
+    if s["corrupt"] or s["hang"]:
+        rep.misses.append(
+            f"kill campaign: {s['corrupt']} corrupt resumes and {s['hang']} hangs in "
+            f"{s['trials']} trials (target 0 and 0); see bench/kill_campaign.json"
+        )
+
+
 def render(results: dict[str, Any], quick: bool, wall: float) -> str:
+    campaign = BENCH / "kill_campaign.json"
+    if campaign.exists():  # taken by bench/kill_campaign.py, not by this run
+        results = {**results, "sections": {**results["sections"]}}
+        results["sections"].setdefault("kill_campaign", json.loads(campaign.read_text()))
     rep = Report(results["sections"])
     m = results["machine"]
     rep.add(
@@ -1041,6 +1086,7 @@ def render(results: dict[str, Any], quick: bool, wall: float) -> str:
         ("scale", write_scale),
         ("meta_init", write_meta_init),
         ("gpu", write_gpu),
+        ("kill_campaign", write_kill_campaign),
     ]
     for name, writer in writers:
         if name in sections:
@@ -1056,7 +1102,9 @@ def render(results: dict[str, Any], quick: bool, wall: float) -> str:
         rep.add("None: every figure with a target meets it.", "")
     rep.add("## Not run, not available, or failed", "")
     rep.add(*(f"- {p}" for p in rep.problems) if rep.problems else ("Nothing.",), "")
-    timings = ", ".join(f"{k} {v.get('wall_s', '?')} s" for k, v in sections.items())
+    timings = ", ".join(
+        f"{k} {v.get('wall_s', '?')} s" for k, v in sections.items() if k != "kill_campaign"
+    )
     rep.add(f"Section wall times: {timings}.", "")
     return "\n".join(rep.lines)
 
