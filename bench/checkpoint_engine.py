@@ -21,6 +21,9 @@ trained one step by ``FSDPStrategy(state_dict_cfg='sharded')`` on 2 ranks, then:
    a different number of ranks against one saved on the same number, page cache evicted
    before each: on 2 ranks (saved on 1 against saved on 2) and on 1 rank (saved on 2 against
    saved on 1). Target: at most 1.2x.
+4. **checksums on load**: the same-world-size ``resume`` (which verifies every file it reads
+   against the manifest's checksums, the ranks sharing the work) against the same resume with
+   ``verify_checksums=False``, in the same alternation. Target: at most 10% more.
 
 Saves alternate ABBA, with ``os.sync()`` and a pause (``SETTLE_S``) between them; loads
 alternate ABAB (see ``load_case``). A figure is the median of the per-repeat ratios (the disk
@@ -58,7 +61,12 @@ LR = 3e-4
 #: given after sync() returns, and whatever ran next paid for it (measured: torch.save right
 #: after a sharded save took 1.1–1.3 s, 0.5–0.6 s after a training step).
 SETTLE_S = 1.0
-TARGETS = {"async_blocked_vs_sync": 0.10, "save_throughput_vs_torch": 0.8, "reshard_load": 1.2}
+TARGETS = {
+    "async_blocked_vs_sync": 0.10,
+    "save_throughput_vs_torch": 0.8,
+    "reshard_load": 1.2,
+    "verify_on_load": 1.10,
+}
 
 
 def _repeats(quick: bool) -> tuple[int, int]:
@@ -270,8 +278,8 @@ def save_one_rank(work_dir: str, keep: str) -> dict[str, Any]:
 
 def load_case(work_dir: str, repeats: int, same: str, other: str) -> dict[str, Any]:
     """``resume`` of the checkpoint saved on this number of ranks (``same``) against one saved
-    on another (``other``), page cache evicted before each, strictly alternating, after an
-    untimed resume of each.
+    on another (``other``) and against ``same`` without checksum verification, page cache
+    evicted before each, strictly alternating, after an untimed resume of each.
 
     Not ABBA: the guest's eviction leaves the host's cache of the virtual disk, so a load
     straight after one of the same checkpoint reads faster. In ABBA order the second load of
@@ -282,17 +290,18 @@ def load_case(work_dir: str, repeats: int, same: str, other: str) -> dict[str, A
     strategy = _setup(work_dir)
     distributed = dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
-    runs: dict[str, list[float]] = {"same": [], "resharded": []}
+    contenders = (("same", same, True), ("resharded", other, True), ("unverified", same, False))
+    runs: dict[str, list[float]] = {name: [] for name, _, _ in contenders}
     for path in (same, other):  # untimed: a process's first two resumes took 1.5-2.4 s,
         strategy.resume(path)  # later ones 0.3-0.6 s (tmpfs), and "same" would go first
     for _ in range(repeats):
-        for name, path in (("same", same), ("resharded", other)):
+        for name, path, verify in contenders:
             if rank == 0:
                 drop_file_cache(path)
             if distributed:
                 dist.barrier()
             start = time.perf_counter()
-            strategy.resume(path)
+            strategy.resume(path, verify_checksums=verify)
             runs[name].append(time.perf_counter() - start)
     return {"runs_s": _collect(runs)}
 
@@ -352,6 +361,8 @@ def run(quick: bool = True) -> dict[str, Any]:
         dcp_vs_torch_save=_per_repeat(runs, "dcp.save", "torch.save"),
         reshard_on_2=_per_repeat(load2["runs_s"], "resharded", "same"),
         reshard_on_1=_per_repeat(load1["runs_s"], "resharded", "same"),
+        verify_on_2=_per_repeat(load2["runs_s"], "same", "unverified"),
+        verify_on_1=_per_repeat(load1["runs_s"], "same", "unverified"),
         save_profile=save["profile"],
         async_profile=save["async_profile"],
         runs_s=runs,

@@ -16,6 +16,7 @@ from shardwise.runner.commands import load_train_config
 from shardwise.runner.launch import LaunchOptions, torchrun_args
 from shardwise.runner.plot import read_metrics
 from tests.distributed import REPO, run_torchrun
+from tests.test_checkpoint_safety import tree_digest
 
 # A tiny iteration-based run: 64 samples, batch 8 -> 8 iterations per epoch (4 per rank on 2).
 # STOP_AT / CRASH_AT in the environment add a hook that interrupts the run.
@@ -251,7 +252,9 @@ def test_bad_input_fails_before_any_process_starts_with_a_clear_message(
     args = ["train", config, "--work-dir", str(tmp_path / "never"), *extra]
     if "--nproc-per-node" not in extra:
         args += ["--nproc-per-node", "2"]  # refused before any process is launched
+    before = tree_digest(tmp_path)
     assert main(args) == 2
+    assert tree_digest(tmp_path) == before  # nothing written, nothing changed
     err = capsys.readouterr().err
     assert err.startswith("shardwise train: error:"), err
     assert err.count("\n") == 1, err  # one line, no traceback
