@@ -137,7 +137,7 @@ class Config:
                 reading.import_custom_modules(cfg_dict["custom_imports"])
             return Config(cfg_dict, cfg_text, filename, env_variables)
         with keeping_lazy():
-            cfg_dict, imported_names = lazy_reading.parse_lazy_import(path)
+            cfg_dict, imported_names = lazy_reading.parse_lazy_import(filename)
         reading.strip_delete_keys(cfg_dict)
         cfg = Config(cfg_dict, filename=filename, format_python_code=format_python_code)
         object.__setattr__(cfg, "_imported_names", imported_names)

@@ -43,13 +43,12 @@ def close_keys(name: object, keys: Iterable[Any]) -> str:
     return f"existing keys: {shown}" + (", ..." if len(keys) > 20 else "")
 
 
-def lazy_to_strings(value: Any, dict_type: type | None = None) -> Any:
-    """``value`` with dicts rebuilt (as ``dict_type``) and lazy values as dotted paths."""
+def lazy_to_strings(value: Any) -> Any:
+    """``value`` with dicts as plain dicts and lazy values as their dotted paths."""
     if isinstance(value, dict):
-        dict_type = dict_type or type(value)
-        return dict_type({k: lazy_to_strings(v, dict_type) for k, v in dict.items(value)})
+        return {k: lazy_to_strings(v) for k, v in dict.items(value)}
     if isinstance(value, (tuple, list)):
-        return type(value)(lazy_to_strings(v, dict_type) for v in value)
+        return type(value)(lazy_to_strings(v) for v in value)
     if isinstance(value, (LazyAttr, LazyObject)):
         return lazy_to_string(value)
     return value
@@ -252,4 +251,4 @@ class ConfigDict(dict):
 
     def to_dict(self) -> dict:
         """Plain nested dicts; lazy values become their dotted paths (``'torch.optim.SGD'``)."""
-        return lazy_to_strings(self, dict_type=dict)
+        return lazy_to_strings(self)

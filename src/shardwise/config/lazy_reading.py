@@ -74,7 +74,7 @@ def is_lazy_import(filename: str) -> bool:
         return False
     tree = ast.parse(Path(filename).read_text(encoding="utf-8"), filename=filename)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and _names_base(node):
+        if assigns_base(node):
             return False
         if isinstance(node, ast.With):
             if not _is_read_base(node):
@@ -97,15 +97,20 @@ def is_lazy_import(filename: str) -> bool:
     return False
 
 
-def _names_base(node: ast.Assign) -> bool:
-    return isinstance(node.targets[0], ast.Name) and node.targets[0].id == BASE_KEY
+def assigns_base(node: ast.AST) -> bool:
+    """Whether ``node`` is ``_base_ = ...``."""
+    return (
+        isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and node.targets[0].id == BASE_KEY
+    )
 
 
 def _take_base_imports(filename: str, body: list[ast.stmt]) -> list[ast.ImportFrom]:
     """The ``from ... import`` statements of the first ``with read_base():`` block; the block
     is replaced in ``body`` by its statements."""
     for index, node in enumerate(body):
-        if isinstance(node, ast.Assign) and _names_base(node):
+        if assigns_base(node):
             raise ConfigParsingError(
                 f"{_where(filename, node)}: `{BASE_KEY} = ...` in a lazy config. The "
                 "configuration file type in the inheritance chain must match the current "

@@ -26,14 +26,14 @@ import re
 import types
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .config_dict import BASE_KEY, DELETE_KEY, ConfigDict, close_keys
-from .lazy_reading import is_lazy_import
+from .lazy_reading import assigns_base, is_lazy_import
 
 __all__ = ["file2dict", "merge_a_into_b", "dict_to_config_dict", "get_cfg_path"]
 
@@ -163,7 +163,7 @@ def _base_files(filename: str, text: str) -> tuple[list[str], int]:
     """The ``_base_`` entries of a config's (substituted) text, and the line naming them."""
     if filename.endswith(".py"):
         tree = ast.parse(text, filename=filename)
-        node = next((n for n in tree.body if _assigns_base(n)), None)
+        node = next((n for n in tree.body if assigns_base(n)), None)
         if node is None:
             return [], 0
         expression = ast.Expression(body=node.value)  # type: ignore[attr-defined]
@@ -175,20 +175,11 @@ def _base_files(filename: str, text: str) -> tuple[list[str], int]:
     return (bases if isinstance(bases, list) else [bases]), line
 
 
-def _assigns_base(node: ast.AST) -> bool:
-    """Whether ``node`` is ``_base_ = ...``."""
-    return (
-        isinstance(node, ast.Assign)
-        and isinstance(node.targets[0], ast.Name)
-        and node.targets[0].id == BASE_KEY
-    )
-
-
 class _RemoveBaseAssign(ast.NodeTransformer):
     """Drops every ``_base_ = ...`` (the bases are read before the file runs)."""
 
     def visit_Assign(self, node: ast.Assign) -> ast.Assign | None:
-        return None if _assigns_base(node) else node
+        return None if assigns_base(node) else node
 
 
 def _installed_path(package: str) -> str:
@@ -441,14 +432,16 @@ def strip_delete_keys(value: Any) -> None:
             strip_delete_keys(item)
 
 
-def import_custom_modules(custom_imports: dict | Sequence) -> None:
-    """Imports the modules a config names in ``custom_imports`` (``imports``, a name or a
-    list; ``allow_failed_imports``: warn instead of failing)."""
-    options = dict(custom_imports) if isinstance(custom_imports, dict) else {}
-    imports = options.get("imports", custom_imports)
-    allow_failed = options.get("allow_failed_imports", False)
-    if not imports:
-        return
+def import_custom_modules(custom_imports: Mapping) -> None:
+    """Imports the modules a config names in ``custom_imports=dict(imports=[...])`` (one name
+    or a list); with ``allow_failed_imports=True`` one that fails is skipped with a warning."""
+    keys = set(custom_imports) if isinstance(custom_imports, Mapping) else None
+    if keys is None or "imports" not in keys or keys - {"imports", "allow_failed_imports"}:
+        raise TypeError(
+            f"custom_imports must be a dict with 'imports' (and 'allow_failed_imports'), e.g. "
+            f"dict(imports=['my_package.models']), got {custom_imports!r}"
+        )
+    imports = custom_imports["imports"]
     names = [imports] if isinstance(imports, str) else imports
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise TypeError(
@@ -458,7 +451,7 @@ def import_custom_modules(custom_imports: dict | Sequence) -> None:
         try:
             importlib.import_module(name)
         except ImportError as e:
-            if not allow_failed:
+            if not custom_imports.get("allow_failed_imports", False):
                 raise ImportError(
                     f"Failed to import custom modules from {custom_imports}: {e}. Make the "
                     "module importable (set PYTHONPATH to the folder that holds it), or set "
