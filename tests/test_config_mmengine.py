@@ -3,12 +3,13 @@ tests/data/configs read by both, compared type for type (tuple vs list, True vs 
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 
 import pytest
 
-from shardwise.config import Config
+from shardwise.config import Config, ConfigDict
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
 PLAIN = CONFIGS / "plain"
@@ -156,3 +157,16 @@ def test_diff_lists_the_changed_lines_as_mmengine_does():
     assert Config.diff(first, second) == theirs.diff(theirs(dict(first)), theirs(dict(second)))
     nested = Config.diff(Config(dict(b=dict(c=[1, 2]))), Config(dict(b=dict(c=[1, 3]))))
     assert "\n-b = dict(c=[1, 2])\n" in nested and "\n+b = dict(c=[1, 3])\n" in nested
+
+
+def test_config_dict_merge_and_update_work_as_mmengine_s():
+    theirs_type = pytest.importorskip("mmengine.config").ConfigDict
+    base = dict(model=dict(depth=50, head=dict(classes=10)), lr=0.1, sched=[dict(end=5)])
+    other = dict(model=dict(head=dict(_delete_=True, dropout=0.5)), sched=[dict(end=9)], wd=0)
+    results = []
+    for kind in (ConfigDict, theirs_type):
+        merged, updated = kind(copy.deepcopy(base)), kind(copy.deepcopy(base))
+        merged.merge(copy.deepcopy(other))
+        updated.update(copy.deepcopy(other))
+        results.append((typed(merged.to_dict()), typed(updated.to_dict())))
+    assert results[0] == results[1]
