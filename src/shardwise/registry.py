@@ -587,20 +587,9 @@ def build_scheduler_from_cfg(
     return build_param_scheduler(_merged_args(cfg, registry, default_args), registry=registry)
 
 
-def _register_torch_optimizers(registry: Registry) -> None:
-    for name in dir(torch.optim):
-        obj = getattr(torch.optim, name)
-        if (
-            inspect.isclass(obj)
-            and issubclass(obj, torch.optim.Optimizer)
-            and obj is not torch.optim.Optimizer
-        ):
-            registry.register_module(module=obj)
-
-
 RUNNERS = Registry("runner", build_func=build_runner_from_cfg, locations=["shardwise.runner"])
 MODELS = Registry("model", build_func=build_model_from_cfg)
-OPTIMIZERS = Registry("optimizer")
+OPTIMIZERS = Registry("optimizer", locations=["shardwise.optim"])  # with torch.optim's
 OPTIM_WRAPPERS = Registry("optim_wrapper", locations=["shardwise.optim"])
 OPTIM_WRAPPER_CONSTRUCTORS = Registry("optim_wrapper_constructor", locations=["shardwise.optim"])
 PARAM_SCHEDULERS = Registry(
@@ -614,4 +603,3 @@ DATASETS = Registry("dataset")
 LOOPS = Registry("loop", locations=["shardwise.runner"])
 METRICS = Registry("metric", locations=["shardwise.runner"])
 
-_register_torch_optimizers(OPTIMIZERS)

@@ -23,7 +23,6 @@ import contextlib
 import inspect
 import logging
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,7 @@ from shardwise.checkpoint.sharded import (
 )
 from shardwise.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from shardwise.optim.scheduler import _ParamScheduler
-from shardwise.optim.scheduler.param_scheduler import unwrap_optimizer
+from shardwise.optim.scheduler.param_scheduler import unwrap_optimizer, watch_first_step
 from shardwise.registry import MODEL_WRAPPERS, STRATEGIES
 
 from .base import BaseStrategy
@@ -532,17 +531,7 @@ class FSDPStrategy(BaseStrategy):
             return scheduler
         if scheduler.optimizer is current:  # built on the bare optimizer, not on a wrapper
             scheduler.optimizer = new
-        hook = getattr(scheduler, "_step_hook", None)
-        if hook is not None:  # it watches the old optimizer for its first step: watch the new
-            hook.remove()
-            ref = weakref.ref(scheduler)
-
-            def mark_stepped(*_: Any) -> None:
-                owner = ref()
-                if owner is not None:
-                    owner._optimizer_stepped = True
-
-            scheduler._step_hook = new.register_step_post_hook(mark_stepped)
+        watch_first_step(new)  # the step-order check watches the optimizer that steps
         return scheduler
 
     # ------------------------------------------------------------------ state dicts
