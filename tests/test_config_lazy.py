@@ -146,3 +146,11 @@ def test_config_dict_update_merges_nested_dicts_and_keeps_custom_dicts():
         _ = d.modle
     with pytest.raises(AttributeError, match="read-only"):
         d.items = 1
+
+
+def test_circular_read_base_imports_are_an_error_naming_the_files(tmp_path):
+    head = "from shardwise.config import read_base\nwith read_base():\n"
+    (tmp_path / "a.py").write_text(head + "    from .b import *\n")
+    (tmp_path / "b.py").write_text(head + "    from .a import *\n")
+    with pytest.raises(ConfigParsingError, match=r"circular.*a\.py -> .*b\.py -> .*a\.py"):
+        Config.fromfile(tmp_path / "a.py")

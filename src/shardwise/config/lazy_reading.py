@@ -48,9 +48,13 @@ def is_builtin_module(name: str) -> bool:
     own modules does not.)"""
     if name.startswith("."):
         return False
-    if name.startswith(_CONFIG_MODULES):
+    if _is_config_module(name):
         return True
     return name.split(".")[0] in sys.stdlib_module_names
+
+
+def _is_config_module(name: str) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in _CONFIG_MODULES)
 
 
 def _is_read_base(node: ast.With) -> bool:
@@ -196,7 +200,7 @@ class _ImportTransformer(ast.NodeTransformer):
                         "allowed for base configs in `with read_base():`"
                     )
                 self.imported.add(alias.asname or alias.name)
-            if module.startswith(_CONFIG_MODULES):
+            if _is_config_module(module):
                 node.module = "shardwise.config"  # read_base, Config: also without mmengine
             return node
         if module in self.base_dict:
@@ -276,7 +280,7 @@ def parse_lazy_import(filename: str, _chain: tuple[str, ...] = ()) -> tuple[Conf
     Call within :func:`~shardwise.config.config_dict.keeping_lazy`, so that the config's code
     handles its base configs' lazy values without importing them.
     """
-    if filename in _chain:
+    if os.path.realpath(filename) in map(os.path.realpath, _chain):
         raise ConfigParsingError(
             "circular `read_base()` imports: " + " -> ".join((*_chain, filename))
         )
