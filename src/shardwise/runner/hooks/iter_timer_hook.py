@@ -19,7 +19,8 @@ __all__ = ["IterTimerHook"]
 class IterTimerHook(Hook):
     """Records ``data_time`` (waiting for the batch), ``time`` (the whole iteration) and the
     throughput of all ranks together: ``tokens_per_sec`` when the inputs are integer ids of
-    shape (batch, sequence), else ``samples_per_sec``; as ``train/...`` / ``val/...`` scalars."""
+    shape (batch, sequence), else ``samples_per_sec``; as ``train/...``, ``val/...`` and
+    ``test/...`` scalars."""
 
     priority = "NORMAL"
 
@@ -32,36 +33,26 @@ class IterTimerHook(Hook):
     def before_train(self, runner) -> None:
         self._reset("train")
 
-    def before_train_epoch(self, runner) -> None:
-        self._reset("train")
-
-    def before_val_epoch(self, runner) -> None:
-        self._reset("val")
+    def _before_epoch(self, runner, mode: str = "train") -> None:
+        self._reset(mode)
 
     def after_val(self, runner) -> None:
         self._reset("train")  # validation time is not training data time
 
-    def before_train_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
-        self._before_iter(runner, "train")
-
-    def before_val_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
-        self._before_iter(runner, "val")
-
-    def after_train_iter(
-        self, runner, batch_idx: int, data_batch: Any = None, outputs: dict | None = None
+    def _before_iter(
+        self, runner, batch_idx: int, data_batch: Any = None, mode: str = "train"
     ) -> None:
-        self._after_iter(runner, "train", data_batch)
-
-    def after_val_iter(
-        self, runner, batch_idx: int, data_batch: Any = None, outputs: Any = None
-    ) -> None:
-        self._after_iter(runner, "val", data_batch)
-
-    def _before_iter(self, runner, mode: str) -> None:
         now = time.perf_counter()
         runner.message_hub.update_scalar(f"{mode}/data_time", now - self._start.get(mode, now))
 
-    def _after_iter(self, runner, mode: str, data_batch: Any) -> None:
+    def _after_iter(
+        self,
+        runner,
+        batch_idx: int,
+        data_batch: Any = None,
+        outputs: Any = None,
+        mode: str = "train",
+    ) -> None:
         now = time.perf_counter()
         elapsed = max(now - self._start.get(mode, now), 1e-9)
         self._start[mode] = now
