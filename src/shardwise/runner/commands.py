@@ -38,7 +38,10 @@ class _Overrides(DictAction):
     """``--cfg-options``: parsed into a dict, and kept as typed for the worker processes."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        super().__call__(parser, namespace, values, option_string)
+        try:
+            super().__call__(parser, namespace, values, option_string)
+        except ValueError as exc:  # argparse's usage error and exit code 2, not a traceback
+            raise argparse.ArgumentError(self, str(exc)) from None
         raw = list(getattr(namespace, "cfg_options_raw", None) or [])
         raw += [values] if isinstance(values, str) else list(values)
         namespace.cfg_options_raw = raw
