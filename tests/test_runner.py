@@ -1,4 +1,5 @@
-"""The Runner: loops, hooks, logging, checkpoints, exact resume, validation, bad input."""
+"""The Runner: loops, hooks, logging, checkpoints, exact resume, validation, testing, bad
+input. (Hook stages against mmengine's Runner: tests/test_runner_hooks_mmengine.py.)"""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import pytest
 import torch
 
 from shardwise.checkpoint import find_last_checkpoint
-from shardwise.registry import HOOKS
+from shardwise.registry import HOOKS, LOOPS
 from shardwise.runner import (
     CheckpointHook,
     Hook,
     LoggerHook,
     ResumableSampler,
     Runner,
+    TestLoop,
     build_dataloader,
 )
 from tests.distributed import run_distributed
@@ -419,6 +421,103 @@ def test_checkpoint_hook_rejects_an_unknown_rule():
         CheckpointHook(save_best="acc", rule="bigger")
 
 
+# ----------------------------------------------------------------------------- testing
+def _trained_classifier(tmp_path) -> Path:
+    trained = _runner(
+        tmp_path,
+        "trained",
+        model=dict(type="BlobClassifier"),
+        train_dataloader=dict(dataset=dict(type="BlobData", n=64), batch_size=16),
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+    )
+    trained.train()
+    return Path(trained.work_dir) / "epoch_3.pth"
+
+
+def _tester(tmp_path, **overrides) -> Runner:
+    kwargs = dict(
+        model=dict(type="BlobClassifier"),
+        work_dir=str(tmp_path / "test"),
+        test_dataloader=dict(dataset=dict(type="BlobData", n=30, seed=2), batch_size=8),
+        test_evaluator=dict(type="Accuracy"),
+        default_hooks=dict(logger=dict(progress_bar=False)),
+    )
+    return Runner(**{**kwargs, **overrides})
+
+
+def test_runner_test_evaluates_a_checkpoint_and_logs_the_metrics(tmp_path):
+    runner = _tester(tmp_path, load_from=str(_trained_classifier(tmp_path)))
+    metrics = runner.test()
+    assert list(metrics) == ["accuracy"] and metrics["accuracy"] > 0.8
+    assert _records(runner.work_dir, "test") == {0: dict(mode="test", iter=0, epoch=0, **metrics)}
+    hub = runner.message_hub
+    assert hub.get_scalar("test/accuracy").current() == metrics["accuracy"]
+    assert len(hub.get_scalar("test/time")) == 4  # IterTimerHook times every test iteration
+    assert "train/time" not in hub.log_scalars
+
+
+def test_runner_test_without_a_checkpoint_tests_the_initial_weights(tmp_path):
+    metrics = _tester(tmp_path).test()
+    assert 0.0 <= metrics["accuracy"] <= 1.0
+
+
+@LOOPS.register_module(force=True)
+class _TaggedTestLoop(TestLoop):
+    def __init__(self, runner, dataloader, evaluator, tag, fp16=False):
+        super().__init__(runner, dataloader, evaluator, fp16=fp16)
+        self.tag = tag
+
+    def run(self):
+        return {**super().run(), "tag": self.tag}
+
+
+def test_test_cfg_may_name_a_loop_from_the_registry(tmp_path):
+    runner = _tester(tmp_path, test_cfg=dict(type="_TaggedTestLoop", tag="mine"))
+    assert runner.test()["tag"] == "mine"
+    assert isinstance(runner.test_loop, _TaggedTestLoop)
+    assert runner.test_evaluator is runner.test_loop.evaluator
+
+
+def test_runner_test_needs_the_test_components(tmp_path):
+    runner = _runner(tmp_path)
+    with pytest.raises(RuntimeError, match="test_dataloader and test_evaluator"):
+        runner.test()
+
+
+def test_train_after_test_on_the_same_runner_is_refused_clearly(tmp_path):
+    runner = _runner(
+        tmp_path,
+        model=dict(type="BlobClassifier"),
+        train_dataloader=dict(dataset=dict(type="BlobData", n=64), batch_size=16),
+        test_dataloader=dict(dataset=dict(type="BlobData", n=30, seed=2), batch_size=8),
+        test_evaluator=dict(type="Accuracy"),
+    )
+    runner.test()
+    with pytest.raises(RuntimeError, match="train first, or train with a new Runner"):
+        runner.train()
+
+
+def test_a_hook_method_with_the_wrong_signature_is_named(tmp_path):
+    class OldStyleHook(Hook):
+        def after_train_iter(self, runner):  # mmengine passes batch_idx, data_batch, outputs
+            pass
+
+    with pytest.raises(TypeError, match=r"OldStyleHook\(priority='NORMAL'\)\.after_train_iter"):
+        _runner(tmp_path, custom_hooks=[OldStyleHook()]).train()
+
+
+def test_train_outputs_reach_hooks_as_tensors(tmp_path):
+    seen = []
+
+    class LossHook(Hook):
+        def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+            seen.append(outputs["loss"].item())  # as hooks written for mmengine read it
+
+    hook = LossHook()
+    _runner(tmp_path, custom_hooks=[hook], train_cfg=dict(by_epoch=True, max_epochs=1)).train()
+    assert len(seen) == 8 and all(isinstance(loss, float) for loss in seen)
+
+
 # ----------------------------------------------------------------------------- bad input
 def _cfg(**overrides):
     cfg = dict(
@@ -454,6 +553,33 @@ def _cfg(**overrides):
             ValueError,
             ["batch_size"],
         ),
+        (
+            dict(test_dataloader=dict(dataset=dict(type="BlobData"), batch_size=4)),
+            ValueError,
+            ["got test_dataloader", "not test_evaluator", "test_evaluator=..."],
+        ),
+        (
+            dict(test_evaluator=dict(type="Accuracy"), test_cfg=dict()),
+            ValueError,
+            ["got test_evaluator, test_cfg", "not test_dataloader", "test_dataloader=..."],
+        ),
+        (
+            dict(
+                test_dataloader=dict(dataset=dict(type="BlobData"), batch_size=4),
+                test_evaluator=dict(type="Accuracy"),
+                test_cfg="TestLoop",
+            ),
+            TypeError,
+            ["test_cfg='TestLoop'", "a dict of TestLoop options", "test_cfg=dict()"],
+        ),
+        (
+            dict(
+                test_dataloader=dict(dataset=dict(type="BlobDatta"), batch_size=4),
+                test_evaluator=dict(type="Accuracy"),
+            ),
+            KeyError,
+            ["test_dataloader.dataset.type", "BlobDatta"],
+        ),
         (dict(resume="/nowhere/iter_5.pth"), FileNotFoundError, ["/nowhere/iter_5.pth"]),
         (dict(load_from="/nowhere/x.pth"), FileNotFoundError, ["load_from"]),
     ],
@@ -466,6 +592,10 @@ def _cfg(**overrides):
         "val-data-without-evaluator",
         "no-optimizer",
         "no-batch-size",
+        "test-data-without-evaluator",
+        "test-evaluator-without-data",
+        "test-cfg-not-a-dict",
+        "test-dataset-unknown-type",
         "resume-missing-path",
         "load-missing-path",
     ],
@@ -520,7 +650,13 @@ def test_an_mmengine_style_config_trains(tmp_path):
         ),
         val_cfg=dict(),
         val_evaluator=dict(type="Accuracy"),
+        test_dataloader=dict(
+            batch_size=8,
+            sampler=dict(type="DefaultSampler", shuffle=False),
+            dataset=dict(type="RegressionData", n=24, seed=2),
+        ),
         test_cfg=dict(),
+        test_evaluator=dict(type="Accuracy"),
         optim_wrapper=dict(type="OptimWrapper", optimizer=dict(type="SGD", lr=0.01, momentum=0.9)),
         param_scheduler=dict(type="MultiStepLR", by_epoch=True, milestones=[1], gamma=0.1),
         default_hooks=dict(
@@ -548,6 +684,11 @@ def test_an_mmengine_style_config_trains(tmp_path):
     records = _records(runner.work_dir)
     assert records[4]["lr"] == pytest.approx(0.01) and records[8]["lr"] == pytest.approx(0.001)
     assert sorted(_records(runner.work_dir, "val")) == [4, 8]
+    metrics = runner.test()
+    assert list(metrics) == ["accuracy"]
+    assert list(_records(runner.work_dir, "test").values()) == [
+        dict(mode="test", iter=8, epoch=2, accuracy=metrics["accuracy"])
+    ]
 
 
 def test_rank_zero_shows_a_progress_bar_with_loss_and_lr(tmp_path, capsys):

@@ -92,7 +92,7 @@ class LosslessModel(nn.Module):
 
 @MODELS.register_module()
 class OwnStepModel(nn.Module):
-    """mmengine BaseModel style: its own train_step and val_step."""
+    """mmengine BaseModel style: its own train_step, val_step and test_step."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -113,6 +113,9 @@ class OwnStepModel(nn.Module):
     def val_step(self, data):
         x, y = data
         return dict(logits=torch.cat([self(x), -self(x)], dim=1))
+
+    def test_step(self, data):
+        return self.val_step(data)
 
 
 @HOOKS.register_module()

@@ -1,4 +1,4 @@
-"""The Runner: training and validation loops, hooks, and the ``shardwise train`` command.
+"""The Runner: training, validation and test loops, hooks, and the ``shardwise train`` command.
 
 Importing this package registers the hooks (``HOOKS``), loops (``LOOPS``) and metrics
 (``METRICS``) under mmengine's names.
@@ -15,7 +15,7 @@ from .hooks import (
     ParamSchedulerHook,
     RuntimeInfoHook,
 )
-from .loops import BaseLoop, EpochBasedTrainLoop, IterBasedTrainLoop, ValLoop
+from .loops import BaseLoop, EpochBasedTrainLoop, IterBasedTrainLoop, TestLoop, ValLoop
 from .message_hub import HistoryBuffer, MessageHub
 from .priority import Priority, get_priority
 from .runner import DEFAULT_HOOKS, Runner, parse_losses
@@ -28,6 +28,7 @@ __all__ = [
     "EpochBasedTrainLoop",
     "IterBasedTrainLoop",
     "ValLoop",
+    "TestLoop",
     "Hook",
     "RuntimeInfoHook",
     "IterTimerHook",

@@ -81,9 +81,6 @@ def check_config(
             f"the config{where} has no 'model'; add model=dict(type='YourModel', ...) "
             "naming a class registered in shardwise.registry.MODELS (or a dotted import path)"
         )
-    val_cfg = cfg.get("val_cfg")
-    if cfg.get("val_dataloader") is not None and val_cfg is None:
-        val_cfg = {}
     check_components(
         model=cfg["model"],
         train_dataloader=cfg.get("train_dataloader"),
@@ -91,7 +88,10 @@ def check_config(
         train_cfg=cfg.get("train_cfg"),
         val_dataloader=cfg.get("val_dataloader"),
         val_evaluator=cfg.get("val_evaluator"),
-        val_cfg=val_cfg,
+        val_cfg=cfg.get("val_cfg"),
+        test_dataloader=cfg.get("test_dataloader"),
+        test_evaluator=cfg.get("test_evaluator"),
+        test_cfg=cfg.get("test_cfg"),
         load_from=cfg.get("load_from"),
         resume=cfg.get("resume", False),
     )
@@ -219,6 +219,9 @@ def check_components(
     val_cfg: Any,
     load_from: Any,
     resume: Any,
+    test_dataloader: Any = None,
+    test_evaluator: Any = None,
+    test_cfg: Any = None,
 ) -> None:
     """The runner's bad-input checks (no side effects)."""
     if model is None:
@@ -240,18 +243,8 @@ def check_components(
         check_train_cfg(train_cfg)
     if isinstance(train_dataloader, Mapping):
         check_dataloader_cfg(train_dataloader, "train_dataloader")
-    if isinstance(val_dataloader, Mapping):
-        check_dataloader_cfg(val_dataloader, "val_dataloader")
-    validation = dict(val_dataloader=val_dataloader, val_evaluator=val_evaluator, val_cfg=val_cfg)
-    given = [k for k, v in validation.items() if v is not None]
-    if given and len(given) < len(validation):
-        missing = [k for k in validation if k not in given]
-        raise ValueError(
-            f"validation needs val_dataloader and val_evaluator together; got "
-            f"{', '.join(given)} but not {', '.join(missing)}. Add "
-            + " and ".join(f"{k}=..." for k in missing)
-            + ", or remove the others"
-        )
+    _check_evaluation("val", "validation", val_dataloader, val_evaluator, val_cfg)
+    _check_evaluation("test", "testing", test_dataloader, test_evaluator, test_cfg)
     if train_cfg is not None and "val_interval" in train_cfg and val_dataloader is None:
         raise ValueError(
             f"train_cfg.val_interval={train_cfg['val_interval']!r} asks for validation, but the "
@@ -270,6 +263,32 @@ def check_components(
                 raise ValueError(f"{name}={str(path)!r}: {exc}") from None
 
 
+def _check_evaluation(
+    stage: str, what: str, dataloader: Any, evaluator: Any, loop_cfg: Any
+) -> None:
+    """``{stage}_dataloader`` and ``{stage}_evaluator`` come together, and ``{stage}_cfg``
+    (optional: ``{}`` by default) only with them, as a dict of loop options."""
+    if loop_cfg is not None and not isinstance(loop_cfg, Mapping):
+        loop = "ValLoop" if stage == "val" else "TestLoop"
+        raise TypeError(
+            f"{stage}_cfg={loop_cfg!r}: expected a dict of {loop} options, such as "
+            f"{stage}_cfg=dict() or dict(fp16=True), or dict(type='MyLoop') for a loop "
+            "registered in LOOPS"
+        )
+    if isinstance(dataloader, Mapping):
+        check_dataloader_cfg(dataloader, f"{stage}_dataloader")
+    required = {f"{stage}_dataloader": dataloader, f"{stage}_evaluator": evaluator}
+    given = [k for k, v in {**required, f"{stage}_cfg": loop_cfg}.items() if v is not None]
+    missing = [k for k, v in required.items() if v is None]
+    if given and missing:
+        raise ValueError(
+            f"{what} needs {stage}_dataloader and {stage}_evaluator together; got "
+            f"{', '.join(given)} but not {', '.join(missing)}. Add "
+            + " and ".join(f"{k}=..." for k in missing)
+            + ", or remove the others"
+        )
+
+
 def check_types(cfg: Config | Mapping[str, Any]) -> None:
     """Every ``type`` the config names by a string must resolve in its registry (a typo is a
     ``KeyError`` listing the close names), before any process is started."""
@@ -281,14 +300,15 @@ def check_types(cfg: Config | Mapping[str, Any]) -> None:
 
     check(MODELS, cfg.get("model"), "model")
     check(STRATEGIES, cfg.get("strategy"), "strategy")
-    for name in ("train_dataloader", "val_dataloader"):
+    for name in ("train_dataloader", "val_dataloader", "test_dataloader"):
         loader = cfg.get(name)
         if isinstance(loader, Mapping):
             check(DATASETS, loader.get("dataset"), f"{name}.dataset")
-    evaluator = cfg.get("val_evaluator")
-    for metric in evaluator if isinstance(evaluator, list | tuple) else [evaluator]:
-        if not (isinstance(metric, Mapping) and metric.get("type") == "Evaluator"):
-            check(METRICS, metric, "val_evaluator")
+    for name in ("val_evaluator", "test_evaluator"):
+        evaluator = cfg.get(name)
+        for metric in evaluator if isinstance(evaluator, list | tuple) else [evaluator]:
+            if not (isinstance(metric, Mapping) and metric.get("type") == "Evaluator"):
+                check(METRICS, metric, name)
     merged = merge_default_hooks(cfg.get("default_hooks"))
     hooks = {f"default_hooks.{name}": hook for name, hook in merged.items()}
     hooks.update((f"custom_hooks[{i}]", h) for i, h in enumerate(cfg.get("custom_hooks") or []))

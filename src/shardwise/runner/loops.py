@@ -1,4 +1,5 @@
-"""Training and validation loops: epoch-based, iteration-based, and one validation pass.
+"""Training, validation and test loops: epoch-based, iteration-based, and one pass over
+the validation or test data.
 
 The loops call the runner's hooks at mmengine's points and with mmengine's arguments, keep
 the position (``epoch``, ``iter``) that checkpoints record, and continue a resumed run with
@@ -20,7 +21,7 @@ from shardwise.registry import LOOPS
 
 from .data import start_epoch
 
-__all__ = ["BaseLoop", "EpochBasedTrainLoop", "IterBasedTrainLoop", "ValLoop"]
+__all__ = ["BaseLoop", "EpochBasedTrainLoop", "IterBasedTrainLoop", "ValLoop", "TestLoop"]
 
 
 class BaseLoop:
@@ -209,14 +210,13 @@ class IterBasedTrainLoop(_TrainLoop):
         return runner.model
 
 
-@LOOPS.register_module()
-class ValLoop(BaseLoop):
-    """One pass over the validation data: the model's outputs go to the evaluator, whose
-    metrics dict :meth:`run` returns.
+class _EvalLoop(BaseLoop):
+    """One pass over ``dataloader``: the model's outputs go to the evaluator, whose metrics
+    dict :meth:`run` returns. Subclasses name the stage (``mode``): its hooks
+    (``before_{mode}``, ``before_{mode}_epoch``, ``before_{mode}_iter``...) and the runner's
+    step (``{mode}_step``)."""
 
-    Args:
-        fp16: run under autocast (float16 on CUDA, bfloat16 on CPU).
-    """
+    mode: str
 
     def __init__(self, runner, dataloader, evaluator, fp16: bool = False) -> None:
         super().__init__(runner, dataloader)
@@ -224,9 +224,9 @@ class ValLoop(BaseLoop):
         self.fp16 = fp16
 
     def run(self) -> dict[str, Any]:
-        runner = self.runner
-        runner.call_hook("before_val")
-        runner.call_hook("before_val_epoch")
+        runner, mode = self.runner, self.mode
+        runner.call_hook(f"before_{mode}")
+        runner.call_hook(f"before_{mode}_epoch")
         was_training = runner.model.training
         runner.model.eval()
         for batch_idx, data_batch in enumerate(start_epoch(self.dataloader, 0)):
@@ -236,20 +236,20 @@ class ValLoop(BaseLoop):
         except TypeError:  # an IterableDataset: keep every result
             size = 0
         metrics = self.evaluator.evaluate(size)
-        runner.call_hook("after_val_epoch", metrics=metrics)
-        runner.call_hook("after_val")
+        runner.call_hook(f"after_{mode}_epoch", metrics=metrics)
+        runner.call_hook(f"after_{mode}")
         runner.model.train(was_training)
         return metrics
 
     @torch.no_grad()
     def run_iter(self, batch_idx: int, data_batch: Any) -> None:
-        runner = self.runner
-        runner.call_hook("before_val_iter", batch_idx=batch_idx, data_batch=data_batch)
+        runner, mode = self.runner, self.mode
+        runner.call_hook(f"before_{mode}_iter", batch_idx=batch_idx, data_batch=data_batch)
         with self._autocast():
-            outputs = runner.val_step(data_batch)
+            outputs = getattr(runner, f"{mode}_step")(data_batch)
         self.evaluator.process(data_samples=outputs, data_batch=data_batch)
         runner.call_hook(
-            "after_val_iter", batch_idx=batch_idx, data_batch=data_batch, outputs=outputs
+            f"after_{mode}_iter", batch_idx=batch_idx, data_batch=data_batch, outputs=outputs
         )
 
     def _autocast(self):
@@ -258,3 +258,26 @@ class ValLoop(BaseLoop):
         device = self.runner.strategy.device.type
         dtype = torch.float16 if device == "cuda" else torch.bfloat16
         return torch.autocast(device, dtype=dtype)
+
+
+@LOOPS.register_module()
+class ValLoop(_EvalLoop):
+    """One pass over the validation data (``runner.val_step``, the ``*_val*`` hooks).
+
+    Args:
+        fp16: run under autocast (float16 on CUDA, bfloat16 on CPU).
+    """
+
+    mode = "val"
+
+
+@LOOPS.register_module()
+class TestLoop(_EvalLoop):
+    """One pass over the test data (``runner.test_step``, the ``*_test*`` hooks).
+
+    Args:
+        fp16: run under autocast (float16 on CUDA, bfloat16 on CPU).
+    """
+
+    __test__ = False  # not a pytest test class
+    mode = "test"

@@ -1,7 +1,10 @@
-"""The Runner: builds everything a config describes and drives training and validation.
+"""The Runner: builds everything a config describes and drives training, validation and
+testing.
 
 It is mmengine's ``FlexibleRunner``, trimmed: the strategy owns processes, devices,
-wrapping and checkpoints; the runner owns the data, the loops and the hooks.
+wrapping and checkpoints; the runner owns the data, the loops and the hooks. The hooks are
+called as mmengine's ``Runner`` calls them: ``before_run``, then the checkpoint is loaded
+(``after_load_checkpoint``), then the loop (see :class:`~shardwise.runner.hooks.Hook`).
 
 Example::
 
@@ -19,10 +22,11 @@ or with objects::
     )
     runner.train()
 
-The model's own ``train_step(data, optim_wrapper)`` and ``val_step(data)`` run when it has
-them (mmengine's ``BaseModel``). Otherwise the default step calls the model with the batch
-(``model(*batch)`` for a tuple or list, ``model(**batch)`` for a dict) and, in training,
-back-propagates the sum of the returned entries whose key contains ``'loss'``.
+The model's own ``train_step(data, optim_wrapper)``, ``val_step(data)`` and
+``test_step(data)`` run when it has them (mmengine's ``BaseModel``). Otherwise the default
+step calls the model with the batch (``model(*batch)`` for a tuple or list,
+``model(**batch)`` for a dict) and, in training, back-propagates the sum of the returned
+entries whose key contains ``'loss'``.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from .data import build_dataloader, set_sampler_seed
 from .evaluator import build_evaluator
 from .hooks import Hook
 from .hooks.defaults import DEFAULT_HOOKS, merge_default_hooks
-from .loops import EpochBasedTrainLoop, IterBasedTrainLoop, ValLoop
+from .loops import EpochBasedTrainLoop, IterBasedTrainLoop, TestLoop, ValLoop
 from .message_hub import MessageHub
 from .priority import Priority, get_priority
 
@@ -59,9 +63,10 @@ __all__ = ["Runner", "parse_losses", "DEFAULT_HOOKS"]
 
 logger = logging.getLogger(__name__)
 
+
 @RUNNERS.register_module()
 class Runner:
-    """Trains and validates a model under a strategy; see the module docstring.
+    """Trains, validates and tests a model under a strategy; see the module docstring.
 
     Args:
         model: an ``nn.Module`` or a ``MODELS`` config (built by the strategy).
@@ -73,8 +78,9 @@ class Runner:
         optim_wrapper, param_scheduler: objects or configs, built by the strategy.
         train_cfg: ``dict(by_epoch=True, max_epochs=N)`` or ``dict(by_epoch=False,
             max_iters=N)`` (or a ``type`` from ``LOOPS``), plus ``val_begin``, ``val_interval``.
-        val_cfg: ``ValLoop`` options (``fp16``); val_evaluator: metrics (see
-            :class:`~shardwise.runner.evaluator.Evaluator`).
+        val_cfg: ``ValLoop`` options (``fp16``) or a ``type`` from ``LOOPS``; val_evaluator:
+            metrics (see :class:`~shardwise.runner.evaluator.Evaluator`).
+        test_dataloader, test_cfg, test_evaluator: the same for :meth:`test` (``TestLoop``).
         default_hooks: merged by name into :data:`DEFAULT_HOOKS`; ``None`` removes one.
         custom_hooks: more hooks (objects or ``HOOKS`` configs).
         load_from: load these weights before training (or resume from them with
@@ -101,6 +107,9 @@ class Runner:
         val_dataloader: Any = None,
         val_cfg: Mapping[str, Any] | None = None,
         val_evaluator: Any = None,
+        test_dataloader: Any = None,
+        test_cfg: Mapping[str, Any] | None = None,
+        test_evaluator: Any = None,
         default_hooks: Mapping[str, Any] | None = None,
         custom_hooks: Sequence[Any] | None = None,
         load_from: str | os.PathLike[str] | None = None,
@@ -113,8 +122,6 @@ class Runner:
         compile: bool | Mapping[str, Any] = False,
         cfg: Config | Mapping[str, Any] | None = None,
     ) -> None:
-        if val_dataloader is not None and val_cfg is None:
-            val_cfg = {}
         check_components(
             model=model,
             train_dataloader=train_dataloader,
@@ -123,6 +130,9 @@ class Runner:
             val_dataloader=val_dataloader,
             val_evaluator=val_evaluator,
             val_cfg=val_cfg,
+            test_dataloader=test_dataloader,
+            test_evaluator=test_evaluator,
+            test_cfg=test_cfg,
             load_from=load_from,
             resume=resume,
         )
@@ -135,8 +145,12 @@ class Runner:
         self._val_dataloader_cfg = val_dataloader
         self._val_cfg = dict(val_cfg) if val_cfg is not None else None
         self._val_evaluator_cfg = val_evaluator
+        self._test_dataloader_cfg = test_dataloader
+        self._test_cfg = dict(test_cfg) if test_cfg is not None else None
+        self._test_evaluator_cfg = test_evaluator
         self._load_from = None if load_from is None else str(load_from)
         self._resume = resume
+        self._has_loaded = False
         self._compile = compile
 
         self.strategy = self.build_strategy(
@@ -156,8 +170,10 @@ class Runner:
         self.param_schedulers: Any = None
         self.train_dataloader: Any = None
         self.val_dataloader: Any = None
+        self.test_dataloader: Any = None
         self.train_loop: EpochBasedTrainLoop | IterBasedTrainLoop | None = None
         self.val_loop: ValLoop | None = None
+        self.test_loop: TestLoop | None = None
         self._hooks: list[Hook] = []
         self.register_hooks(default_hooks, custom_hooks)
         self.logger.info(
@@ -180,7 +196,8 @@ class Runner:
         """Build a runner from a config (mmengine's keys; see the class docstring).
 
         Bad input (no ``model``, a training loop without ``max_epochs``/``max_iters``, a
-        ``val_interval`` without ``val_dataloader``...) is refused before anything is built.
+        ``val_interval`` without ``val_dataloader``, ``test_dataloader`` without
+        ``test_evaluator``...) is refused before anything is built.
         """
         cfg = copy.deepcopy(cfg if isinstance(cfg, Config) else Config(dict(cfg)))
         cls.check_cfg(cfg)
@@ -196,6 +213,9 @@ class Runner:
             val_dataloader=cfg.get("val_dataloader"),
             val_cfg=cfg.get("val_cfg"),
             val_evaluator=cfg.get("val_evaluator"),
+            test_dataloader=cfg.get("test_dataloader"),
+            test_cfg=cfg.get("test_cfg"),
+            test_evaluator=cfg.get("test_evaluator"),
             default_hooks=cfg.get("default_hooks"),
             custom_hooks=cfg.get("custom_hooks"),
             load_from=cfg.get("load_from"),
@@ -327,11 +347,17 @@ class Runner:
                     logger.exception("closing %r failed", hook)
 
     def call_hook(self, fn_name: str, **kwargs: Any) -> None:
-        """Call ``fn_name(self, **kwargs)`` on every hook that has it, in priority order."""
+        """Call ``fn_name(self, **kwargs)`` on every hook that has it, in priority order
+        (a ``TypeError`` names the hook: mostly a method whose signature is not the
+        stage's)."""
         for hook in self._hooks:
             method = getattr(hook, fn_name, None)
-            if method is not None:
+            if method is None:
+                continue
+            try:
                 method(self, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{exc} in {hook!r}.{fn_name}") from exc
 
     # ------------------------------------------------------------------ properties
     @property
@@ -378,6 +404,16 @@ class Runner:
     def max_iters(self) -> int:
         return self.train_loop.max_iters if self.train_loop is not None else 0
 
+    @property
+    def val_evaluator(self) -> Any:
+        """The validation loop's evaluator (None before the loop is built)."""
+        return getattr(self.val_loop, "evaluator", None)
+
+    @property
+    def test_evaluator(self) -> Any:
+        """The test loop's evaluator (None before the loop is built)."""
+        return getattr(self.test_loop, "evaluator", None)
+
     # ------------------------------------------------------------------ building the run
     def _data_seed(self) -> int:
         """One seed for every rank's sampler (rank 0's, also with ``diff_rank_seed``)."""
@@ -397,15 +433,26 @@ class Runner:
 
     def build_val_loop(self) -> ValLoop:
         """The validation loop from ``val_cfg`` and ``val_evaluator``."""
-        cfg = dict(self._val_cfg or {})
-        args = dict(
-            runner=self,
-            dataloader=self.val_dataloader,
-            evaluator=build_evaluator(self._val_evaluator_cfg),
+        return self._build_eval_loop(
+            ValLoop, self._val_cfg, self.val_dataloader, self._val_evaluator_cfg
         )
+
+    def build_test_loop(self) -> TestLoop:
+        """The test loop from ``test_cfg`` and ``test_evaluator``."""
+        return self._build_eval_loop(
+            TestLoop, self._test_cfg, self.test_dataloader, self._test_evaluator_cfg
+        )
+
+    def _build_eval_loop(
+        self, default: type, loop_cfg: Mapping[str, Any] | None, dataloader: Any, evaluator: Any
+    ) -> Any:
+        """A ``type`` from ``LOOPS`` named by ``loop_cfg``, else ``default``, with its
+        options."""
+        cfg = dict(loop_cfg or {})
+        args = dict(runner=self, dataloader=dataloader, evaluator=build_evaluator(evaluator))
         if "type" in cfg:
             return LOOPS.build(cfg, default_args=args)
-        return ValLoop(**args, **cfg)
+        return default(**args, **cfg)
 
     def _build_val(self) -> None:
         if self._val_dataloader_cfg is None or self.val_loop is not None:
@@ -415,7 +462,26 @@ class Runner:
         )
         self.val_loop = self.build_val_loop()
 
-    # ------------------------------------------------------------------ train / val
+    def _build_test(self) -> None:
+        if self.test_loop is not None:
+            return
+        self.test_dataloader = build_dataloader(
+            self._test_dataloader_cfg, seed=self._data_seed(), shuffle=False
+        )
+        self.test_loop = self.build_test_loop()
+
+    def _prepare_model(self) -> None:
+        """For ``val()`` and ``test()``: the model, built and wrapped by the strategy (the
+        trained one after ``train()``); its ``init_weights()`` runs unless the config sets
+        ``init_weights_for_test_or_val=False``."""
+        init_weights = self.cfg.get("init_weights_for_test_or_val", True)
+        dispatch = dict(init_weights_for_test_or_val=init_weights)
+        prepared = self.strategy.prepare(
+            self._model_cfg, compile=self._compile, dispatch_kwargs=dispatch
+        )
+        self.model = prepared[0] if isinstance(prepared, list) else prepared
+
+    # ------------------------------------------------------------------ train / val / test
     def train(self) -> nn.Module:
         """Train as configured; returns the (wrapped) model."""
         if self._train_cfg is None:
@@ -442,36 +508,65 @@ class Runner:
             compile=self._compile,
             dispatch_kwargs=dispatch,
         )
+        if not isinstance(prepared, list):
+            raise RuntimeError(
+                "Runner.train() after val() or test() on the same runner: the strategy has "
+                "prepared the model without its optimizer; train first, or train with a new "
+                "Runner"
+            )
         self.model, self.optim_wrapper = prepared[0], prepared[1]
         self.param_schedulers = prepared[2] if len(prepared) > 2 else None
-        self.load_or_resume()
-        self._initialize_accumulation()
-        self.call_hook("before_run")
-        try:
-            self.train_loop.run()
-        except BaseException:
-            self._close_hooks()
-            raise
-        self.strategy.wait_for_checkpoint()
-        self.call_hook("after_run")
+        self._run(self._run_train_loop)
         return self.model
 
+    def _run_train_loop(self) -> None:
+        self._initialize_accumulation()
+        self.train_loop.run()
+
     def val(self) -> dict[str, Any]:
-        """One validation pass (after loading ``load_from``); returns the metrics."""
+        """One validation pass (after loading the checkpoint ``load_from`` or ``resume``
+        names); returns the metrics."""
         if self._val_dataloader_cfg is None:
             raise RuntimeError(
                 "Runner.val() needs val_dataloader and val_evaluator; this runner was built "
                 "without them"
             )
         self._build_val()
-        prepared = self.strategy.prepare(self._model_cfg, compile=self._compile)
-        self.model = prepared[0] if isinstance(prepared, list) else prepared
-        if self.train_loop is None and self._load_from is not None:
-            self.load_checkpoint(self._load_from)
+        self._prepare_model()
+        return self._run(self.val_loop.run)
+
+    def test(self) -> dict[str, Any]:
+        """One pass over the test data (after loading the checkpoint ``load_from`` or
+        ``resume`` names); returns the metrics.
+
+        Example::
+
+            runner = Runner.from_cfg(cfg)   # with test_dataloader, test_evaluator, load_from
+            metrics = runner.test()
+        """
+        if self._test_dataloader_cfg is None:
+            raise RuntimeError(
+                "Runner.test() needs test_dataloader and test_evaluator; this runner was built "
+                "without them"
+            )
+        self._build_test()
+        self._prepare_model()
+        return self._run(self.test_loop.run)
+
+    def _run(self, loop: Callable[[], Any]) -> Any:
+        """mmengine's frame around a loop: ``before_run``, the checkpoint loaded (its
+        ``after_load_checkpoint``), the loop, ``after_run``. On an error the hooks release
+        what they hold."""
         self.call_hook("before_run")
-        metrics = self.val_loop.run()
+        try:
+            self.load_or_resume()
+            result = loop()
+            self.strategy.wait_for_checkpoint()
+        except BaseException:
+            self._close_hooks()
+            raise
         self.call_hook("after_run")
-        return metrics
+        return result
 
     def _initialize_accumulation(self) -> None:
         wrappers = (
@@ -484,9 +579,9 @@ class Runner:
                 wrapper.initialize_count_status(self.model, self.iter, self.max_iters)
 
     # ------------------------------------------------------------------ steps
-    def train_step(self, data: Any) -> dict[str, float]:
+    def train_step(self, data: Any) -> dict[str, torch.Tensor]:
         """One optimisation step on ``data``; returns the logged values (``loss``...),
-        averaged over ranks."""
+        averaged over ranks, as 0-dim tensors."""
         own = _own_method(self.model, "train_step")
         if own is not None:
             outputs = own(data, optim_wrapper=self.optim_wrapper)
@@ -508,31 +603,49 @@ class Runner:
 
     def val_step(self, data: Any) -> Any:
         """The model's outputs for one validation batch (its ``val_step`` when it has one)."""
-        own = _own_method(self.model, "val_step")
+        return self._eval_step("val_step", data)
+
+    def test_step(self, data: Any) -> Any:
+        """The model's outputs for one test batch (its ``test_step`` when it has one)."""
+        return self._eval_step("test_step", data)
+
+    def _eval_step(self, name: str, data: Any) -> Any:
+        own = _own_method(self.model, name)
         if own is not None:
             return own(data)
         return _call_model(self.model, _to_device(data, self.strategy.device))
 
     # ------------------------------------------------------------------ checkpoints
     def load_or_resume(self) -> dict[str, Any] | None:
-        """Resume or load weights as ``resume`` and ``load_from`` say (mmengine's rules)."""
-        resume_from = None
+        """Resume or load weights as ``resume`` and ``load_from`` say (mmengine's rules),
+        once per runner. Without a training loop (``val()``, ``test()``) the checkpoint a
+        resume would pick gives its weights only."""
+        if self._has_loaded:
+            return None
+        resume_from = self._checkpoint_to_resume()
+        if resume_from is not None and self.train_loop is not None:
+            checkpoint = self.resume(resume_from)
+        elif resume_from is not None or self._load_from is not None:
+            checkpoint = self.load_checkpoint(resume_from or self._load_from)
+        else:
+            return None
+        self._has_loaded = True
+        return checkpoint
+
+    def _checkpoint_to_resume(self) -> str | None:
         if isinstance(self._resume, str | os.PathLike):
-            resume_from = str(self._resume)
-        elif self._resume and self._load_from is not None:
-            resume_from = self._load_from
-        elif self._resume:
-            resume_from = find_last_checkpoint(self.work_dir)
-            if resume_from is None:
-                self.logger.info(
-                    "resume=True but %s has no committed checkpoint: starting from scratch",
-                    self.work_dir,
-                )
-        if resume_from is not None:
-            return self.resume(resume_from)
-        if self._load_from is not None:
-            return self.load_checkpoint(self._load_from)
-        return None
+            return str(self._resume)
+        if self._resume and self._load_from is not None:
+            return self._load_from
+        if not self._resume:
+            return None
+        found = find_last_checkpoint(self.work_dir)
+        if found is None:
+            self.logger.info(
+                "resume=True but %s has no committed checkpoint: starting from scratch",
+                self.work_dir,
+            )
+        return found
 
     def resume(self, filename: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore model, optimizer, schedulers, RNG states, the loop position and the
@@ -708,8 +821,9 @@ def _check_log_vars(outputs: Any) -> dict[str, Any]:
     return dict(outputs)
 
 
-def _mean_over_ranks(log_vars: Mapping[str, Any]) -> dict[str, float]:
-    """Logged values as floats, averaged over the ranks (one copy to the host, one
+def _mean_over_ranks(log_vars: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Logged values as 0-dim float64 tensors on the CPU (what hooks written for mmengine
+    expect: ``outputs['loss'].item()``), averaged over the ranks (one copy to the host, one
     collective)."""
     names, values = [], []
     for key, value in log_vars.items():
@@ -726,4 +840,4 @@ def _mean_over_ranks(log_vars: Mapping[str, Any]) -> dict[str, float]:
     stacked = torch.stack([v.to(device) for v in values]).double()
     if dist.get_world_size() > 1:
         dist.all_reduce(stacked, op="mean")
-    return dict(zip(names, stacked.cpu().tolist()))
+    return dict(zip(names, stacked.cpu().unbind()))

@@ -9,7 +9,8 @@ What rank 0 writes:
   tokens_per_sec: 20377  loss: 2.4431`` (averages over the iterations since the last line);
 - the same values as one JSON object per line in ``log_dir/metrics.jsonl``:
   ``{"mode": "train", "iter": 40, "epoch": 0, "lr": 0.001, "loss": 2.4431, ...}``, and
-  ``{"mode": "val", "iter": 40, "epoch": 0, "accuracy": 0.97}`` after each validation;
+  ``{"mode": "val", "iter": 40, "epoch": 0, "accuracy": 0.97}`` after each validation
+  (``"mode": "test"`` after a test);
 - TensorBoard scalars in ``log_dir/tensorboard`` when ``tensorboard`` is importable.
 """
 
@@ -36,7 +37,7 @@ _TIMING = ("time", "data_time", "tokens_per_sec", "samples_per_sec")
 
 @HOOKS.register_module()
 class LoggerHook(Hook):
-    """Logs training and validation values on rank 0; see the module docstring.
+    """Logs training, validation and test values on rank 0; see the module docstring.
 
     Args:
         interval: iterations between console lines and JSON records.
@@ -186,23 +187,28 @@ class LoggerHook(Hook):
         parts += [f"{k}: {_fmt(values[k])}" for k in timing + rest]
         return "  ".join(parts)
 
-    # ------------------------------------------------------------------ validation
+    # ------------------------------------------------------------------ validation and test
     def after_val_epoch(self, runner, metrics: dict[str, float] | None = None) -> None:
-        if runner.rank != 0 or not metrics:
-            return
-        numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
         training = runner.train_loop is not None and runner.iter > 0
-        by_epoch = training and runner.train_loop.by_epoch and self.log_metric_by_epoch
-        if by_epoch:
+        if training and runner.train_loop.by_epoch and self.log_metric_by_epoch:
             head = f"Epoch(val) [{runner.epoch}]"
         elif training:
             head = f"Iter(val) [{runner.iter}]"
         else:
             head = "Val"
-        text = "  ".join([head] + [f"{k}: {_fmt(v)}" for k, v in numbers.items()])
-        self._console(runner, text)
-        record = {"mode": "val", "iter": runner.iter, "epoch": runner.epoch, **numbers}
-        self._write(record, step=runner.iter, prefix="val/")
+        self._log_metrics(runner, metrics, "val", head)
+
+    def after_test_epoch(self, runner, metrics: dict[str, float] | None = None) -> None:
+        self._log_metrics(runner, metrics, "test", "Test")
+
+    def _log_metrics(self, runner, metrics: dict[str, Any] | None, mode: str, head: str) -> None:
+        """One console line and one ``mode`` record of the numeric metrics (rank 0)."""
+        if runner.rank != 0 or not metrics:
+            return
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+        self._console(runner, "  ".join([head] + [f"{k}: {_fmt(v)}" for k, v in numbers.items()]))
+        record = {"mode": mode, "iter": runner.iter, "epoch": runner.epoch, **numbers}
+        self._write(record, step=runner.iter, prefix=f"{mode}/")
 
     # ------------------------------------------------------------------ output
     def _console(self, runner, text: str) -> None:

@@ -15,7 +15,8 @@ __all__ = ["RuntimeInfoHook"]
 class RuntimeInfoHook(Hook):
     """Records ``epoch``, ``iter``, ``max_epochs`` and ``max_iters`` as runtime information,
     and the learning rates (``train/lr``), the training step's logged values
-    (``train/<name>``) and the validation metrics (``val/<name>``) as scalars."""
+    (``train/<name>``) and the validation and test metrics (``val/<name>``,
+    ``test/<name>``) as scalars."""
 
     priority = "VERY_HIGH"
 
@@ -43,10 +44,18 @@ class RuntimeInfoHook(Hook):
             runner.message_hub.update_scalars(outputs, prefix="train/")
 
     def after_val_epoch(self, runner, metrics: dict[str, float] | None = None) -> None:
-        if metrics:
-            runner.message_hub.update_scalars(
-                {k: v for k, v in metrics.items() if _is_number(v)}, prefix="val/"
-            )
+        _record_metrics(runner, metrics, "val")
+
+    def after_test_epoch(self, runner, metrics: dict[str, float] | None = None) -> None:
+        _record_metrics(runner, metrics, "test")
+
+
+def _record_metrics(runner, metrics: dict[str, Any] | None, mode: str) -> None:
+    """The numeric metrics as ``{mode}/<name>`` scalars."""
+    if metrics:
+        runner.message_hub.update_scalars(
+            {k: v for k, v in metrics.items() if _is_number(v)}, prefix=f"{mode}/"
+        )
 
 
 def _learning_rates(runner) -> dict[str, list[float]]:

@@ -1,0 +1,350 @@
+"""Hooks written for mmengine run unchanged: every stage of train (with validation), val and
+test is called in mmengine's order, with mmengine's arguments, as real mmengine 0.10's Runner
+calls them on the same model, data and config.
+
+The hook and the metric are written once, as an mmengine user writes them, and subclass
+mmengine's base class for mmengine's Runner and shardwise's for shardwise's.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+import shardwise.runner
+
+mmengine_hooks = pytest.importorskip("mmengine.hooks", reason="the oracle is mmengine's Runner")
+mmengine_runner = pytest.importorskip("mmengine.runner")
+mmengine_evaluator = pytest.importorskip("mmengine.evaluator")
+
+_names = itertools.count()
+
+
+def make_recording_hook(Hook):
+    """The hook a user writes to see every stage, with the arguments it is called with."""
+
+    class RecordingHook(Hook):
+        positions = ("epoch", "iter")  # where the runner is at each call (and, with
+        # "epoch", the epoch helpers' answers)
+
+        def __init__(self):
+            self.calls = []
+
+        def record(self, stage, runner, *details):
+            where = tuple(getattr(runner, p) for p in self.positions)
+            self.calls.append((stage, *where, *details))
+
+        def saved(self, checkpoint):
+            meta = checkpoint["meta"]
+            return (*(meta[p] for p in self.positions), "state_dict" in checkpoint)
+
+        def before_run(self, runner):
+            self.record("before_run", runner)
+
+        def after_run(self, runner):
+            self.record("after_run", runner)
+
+        def after_load_checkpoint(self, runner, checkpoint):
+            self.record("after_load_checkpoint", runner, *self.saved(checkpoint))
+
+        def before_save_checkpoint(self, runner, checkpoint):
+            self.record("before_save_checkpoint", runner, *self.saved(checkpoint))
+
+        def before_train(self, runner):
+            lengths = tuple(getattr(runner, f"max_{p}s") for p in self.positions)
+            self.record("before_train", runner, *lengths)
+
+        def after_train(self, runner):
+            self.record("after_train", runner)
+
+        def before_train_epoch(self, runner):
+            self.record("before_train_epoch", runner)
+
+        def after_train_epoch(self, runner):
+            epochs = self.every_n_epochs(runner, 2), self.is_last_train_epoch(runner)
+            self.record("after_train_epoch", runner, *epochs if "epoch" in self.positions else ())
+
+        def before_train_iter(self, runner, batch_idx, data_batch=None):
+            self.record("before_train_iter", runner, batch_idx, summary(data_batch))
+
+        def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+            self.record(
+                "after_train_iter",
+                runner,
+                batch_idx,
+                summary(data_batch),
+                sorted(outputs),
+                round(outputs["loss"].item(), 4),
+                self.every_n_train_iters(runner, 2),
+                self.every_n_inner_iters(batch_idx, 2),
+                self.end_of_epoch(runner.train_dataloader, batch_idx),
+                self.is_last_train_iter(runner),
+            )
+
+        def before_val(self, runner):
+            self.record("before_val", runner)
+
+        def after_val(self, runner):
+            self.record("after_val", runner)
+
+        def before_val_epoch(self, runner):
+            self.record("before_val_epoch", runner)
+
+        def after_val_epoch(self, runner, metrics=None):
+            self.record("after_val_epoch", runner, rounded(metrics))
+
+        def before_val_iter(self, runner, batch_idx, data_batch=None):
+            self.record("before_val_iter", runner, batch_idx, summary(data_batch))
+
+        def after_val_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+            self.record("after_val_iter", runner, batch_idx, summary(data_batch), summary(outputs))
+
+        def before_test(self, runner):
+            self.record("before_test", runner)
+
+        def after_test(self, runner):
+            self.record("after_test", runner)
+
+        def before_test_epoch(self, runner):
+            self.record("before_test_epoch", runner)
+
+        def after_test_epoch(self, runner, metrics=None):
+            self.record("after_test_epoch", runner, rounded(metrics))
+
+        def before_test_iter(self, runner, batch_idx, data_batch=None):
+            self.record("before_test_iter", runner, batch_idx, summary(data_batch))
+
+        def after_test_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+            self.record("after_test_iter", runner, batch_idx, summary(data_batch), summary(outputs))
+
+    return RecordingHook
+
+
+def make_mode_hook(Hook):
+    """A hook that acts in every loop through mmengine's mode-generic methods."""
+
+    class ModeHook(Hook):
+        priority = "LOW"
+
+        def __init__(self):
+            self.calls = []
+
+        def _before_epoch(self, runner, mode="train"):
+            self.calls.append(("_before_epoch", mode))
+
+        def _after_epoch(self, runner, mode="train"):
+            self.calls.append(("_after_epoch", mode))
+
+        def _before_iter(self, runner, batch_idx, data_batch=None, mode="train"):
+            self.calls.append(("_before_iter", mode, batch_idx))
+
+        def _after_iter(self, runner, batch_idx, data_batch=None, outputs=None, mode="train"):
+            self.calls.append(("_after_iter", mode, batch_idx, outputs is not None))
+
+    return ModeHook
+
+
+def make_accuracy(BaseMetric):
+    class Accuracy(BaseMetric):
+        def process(self, data_batch, data_samples):
+            _, labels = data_batch
+            for logits, label in zip(data_samples, labels):
+                self.results.append(int(logits.argmax()) == int(label))
+
+        def compute_metrics(self, results):
+            return dict(accuracy=sum(results) / len(results))
+
+    return Accuracy
+
+
+def summary(batch):
+    """A batch or the model's outputs, as something comparable: shapes and sums."""
+    tensors = batch if isinstance(batch, list | tuple) else [batch]
+    return tuple((tuple(t.shape), round(t.float().sum().item(), 3)) for t in tensors)
+
+
+def rounded(metrics):
+    return {k: round(v, 6) for k, v in metrics.items()}
+
+
+class TinyClassifier(nn.Module):
+    """A model with its own steps, as mmengine's Runner needs (``train_step``...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+    def train_step(self, data, optim_wrapper):
+        x, y = data
+        with optim_wrapper.optim_context(self):
+            loss = F.cross_entropy(self(x), y)
+        optim_wrapper.update_params(loss)
+        return dict(loss=loss)
+
+    def val_step(self, data):
+        return self(data[0])
+
+    def test_step(self, data):
+        return self(data[0])
+
+
+def _data(n, seed):
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 2
+    return TensorDataset(torch.randn(n, 4, generator=gen) + 0.5 * y.unsqueeze(1), y)
+
+
+def _loader(n, seed):
+    return dict(
+        dataset=_data(n, seed),
+        batch_size=4,
+        sampler=dict(type="DefaultSampler", shuffle=False),
+        collate_fn=dict(type="default_collate"),
+    )
+
+
+class Framework:
+    """What differs between the two runs: the Runner and the base classes."""
+
+    def __init__(self, name, Runner, Hook, BaseMetric):
+        self.name, self.Runner = name, Runner
+        self.recording_hook = make_recording_hook(Hook)
+        self.mode_hook = make_mode_hook(Hook)
+        self.accuracy = make_accuracy(BaseMetric)
+
+    def runner(self, work_dir, hooks, **kwargs):
+        torch.manual_seed(0)
+        model = TinyClassifier()
+        return self.Runner(
+            model=model,
+            work_dir=str(work_dir),
+            experiment_name=f"{self.name}_{next(_names)}",
+            custom_hooks=hooks,
+            randomness=dict(seed=0),
+            **kwargs,
+        )
+
+    def evaluation(self, *stages):
+        cfg = {}
+        for stage, n, seed in (("val", 8, 1), ("test", 6, 2)):
+            if stage in stages:
+                cfg[f"{stage}_dataloader"] = _loader(n, seed)
+                cfg[f"{stage}_cfg"] = dict()
+                cfg[f"{stage}_evaluator"] = [self.accuracy()]
+        return cfg
+
+
+MMENGINE = Framework(
+    "mmengine", mmengine_runner.Runner, mmengine_hooks.Hook, mmengine_evaluator.BaseMetric
+)
+SHARDWISE = Framework(
+    "shardwise", shardwise.runner.Runner, shardwise.runner.Hook, shardwise.runner.BaseMetric
+)
+
+
+def _training():
+    return dict(
+        train_dataloader=_loader(12, 0),  # 3 iterations per epoch
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.5)),
+    )
+
+
+LOOPS = {
+    "epochs": dict(train_cfg=dict(by_epoch=True, max_epochs=2, val_interval=1)),
+    "iterations": dict(
+        train_cfg=dict(by_epoch=False, max_iters=5, val_interval=2),
+        default_hooks=dict(checkpoint=dict(type="CheckpointHook", by_epoch=False, interval=2)),
+    ),
+}
+
+
+def _train_then_test(framework, work_dir, loop):
+    """train() with validation, then test(), on one runner; the hooks' calls."""
+    recorder, modes = framework.recording_hook(), framework.mode_hook()
+    if loop == "iterations":  # runner.epoch and max_epochs: shardwise counts data epochs
+        recorder.positions = ("iter",)  # (mmengine keeps 0 and 1)
+    runner = framework.runner(
+        work_dir,
+        [recorder, modes],
+        **_training(),
+        **LOOPS[loop],
+        **framework.evaluation("val", "test"),
+    )
+    runner.train()
+    metrics = runner.test()
+    return recorder.calls, modes.calls, metrics
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_a_hook_sees_the_stages_of_train_and_test_as_under_mmengine(tmp_path, loop):
+    expected = _train_then_test(MMENGINE, tmp_path / "mmengine", loop)
+    calls, modes, metrics = _train_then_test(SHARDWISE, tmp_path / "shardwise", loop)
+    assert calls == expected[0]
+    assert modes == expected[1]
+    assert metrics == expected[2]
+    stages = [call[0] for call in calls]
+    assert stages[:3] == ["before_run", "before_train", "before_train_epoch"]
+    assert stages[-3:] == ["after_test_epoch", "after_test", "after_run"]
+    assert {"before_save_checkpoint", "after_val_epoch", "after_test_iter"} <= set(stages)
+
+
+def _evaluate_checkpoint(framework, work_dir, checkpoint):
+    """val() then test() on one runner that loads ``checkpoint``; the hooks' calls."""
+    recorder, modes = framework.recording_hook(), framework.mode_hook()
+    evaluation = framework.evaluation("val", "test")
+    runner = framework.runner(work_dir, [recorder, modes], load_from=str(checkpoint), **evaluation)
+    metrics = runner.val(), runner.test()
+    return recorder.calls, modes.calls, metrics
+
+
+def test_val_and_test_after_load_from_call_the_hooks_as_under_mmengine(tmp_path, monkeypatch):
+    seen = {}
+    for framework in (MMENGINE, SHARDWISE):
+        trained = tmp_path / framework.name / "train"
+        epochs = dict(by_epoch=True, max_epochs=2)
+        framework.runner(trained, [], **_training(), train_cfg=epochs).train()
+        checkpoint = trained / "epoch_2.pth"
+        with monkeypatch.context() as env:
+            if framework is MMENGINE:  # mmengine 0.10 loads with torch.load's former default
+                env.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+            seen[framework.name] = _evaluate_checkpoint(
+                framework, tmp_path / framework.name, checkpoint
+            )
+    assert seen["shardwise"] == seen["mmengine"]
+    calls = seen["shardwise"][0]
+    assert [c[0] for c in calls[:3]] == ["before_run", "after_load_checkpoint", "before_val"]
+    assert calls[1][1:] == (0, 0, 2, 6, True)  # loaded once: epoch 2, iteration 6 were saved
+    assert [c[0] for c in calls].count("after_load_checkpoint") == 1
+
+
+@pytest.mark.parametrize(
+    "make",
+    [make_recording_hook, make_mode_hook],
+    ids=["every-stage", "mode-generic"],
+)
+def test_triggered_stages_are_mmengines(make):
+    ours = make(shardwise.runner.Hook)().get_triggered_stages()
+    theirs = make(mmengine_hooks.Hook)().get_triggered_stages()
+    assert sorted(ours) == sorted(theirs)
+    assert ours == [s for s in mmengine_hooks.Hook.stages if s in ours]  # mmengine's order
+    assert shardwise.runner.Hook.stages == mmengine_hooks.Hook.stages
+
+
+def test_the_default_hooks_have_mmengines_priorities():
+    for name in (
+        "RuntimeInfoHook",
+        "IterTimerHook",
+        "DistSamplerSeedHook",
+        "LoggerHook",
+        "ParamSchedulerHook",
+        "CheckpointHook",
+    ):
+        assert getattr(shardwise.runner, name).priority == getattr(mmengine_hooks, name).priority
