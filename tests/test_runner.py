@@ -580,6 +580,15 @@ def _cfg(**overrides):
             KeyError,
             ["test_dataloader.dataset.type", "BlobDatta"],
         ),
+        (
+            dict(
+                val_dataloader=dict(dataset=dict(type="BlobData"), batch_size=4),
+                val_evaluator=dict(type="Accuracy"),
+                val_cfg=["ValLoop"],
+            ),
+            TypeError,
+            ["val_cfg=['ValLoop']", "a dict of ValLoop options"],
+        ),
         (dict(resume="/nowhere/iter_5.pth"), FileNotFoundError, ["/nowhere/iter_5.pth"]),
         (dict(load_from="/nowhere/x.pth"), FileNotFoundError, ["load_from"]),
     ],
@@ -596,6 +605,7 @@ def _cfg(**overrides):
         "test-evaluator-without-data",
         "test-cfg-not-a-dict",
         "test-dataset-unknown-type",
+        "val-cfg-not-a-dict",
         "resume-missing-path",
         "load-missing-path",
     ],
