@@ -93,9 +93,11 @@ class IntegrationData(Dataset):
 class IntegrationRegressor(BaseModel):
     """A regression ``BaseModel``; dropout makes a resume depend on the restored RNG states."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 8) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.1), nn.Linear(8, 1))
+        self.net = nn.Sequential(
+            nn.Linear(4, width), nn.ReLU(), nn.Dropout(0.1), nn.Linear(width, 1)
+        )
 
     def forward(self, x, y=None, mode="tensor"):
         pred = self.net(x)

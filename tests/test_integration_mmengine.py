@@ -33,8 +33,10 @@ NCCL_WARNING = "env_cfg.dist_cfg.backend='nccl' needs CUDA; using gloo"
 
 @pytest.fixture(scope="module")
 def support():
-    """tests/mmengine_support.py, which needs mmengine."""
+    """tests/mmengine_support.py, which needs mmengine; the strategies registered (as a
+    config's ``custom_imports`` registers them)."""
     pytest.importorskip("mmengine")
+    importlib.import_module("shardwise.integrations.mmengine")
     return importlib.import_module("tests.mmengine_support")
 
 
@@ -145,6 +147,33 @@ def test_message_hub_state_round_trips_through_plain_data(support):
     assert restored.state_dict()["resumed_keys"] == hub.state_dict()["resumed_keys"]
 
 
+def test_flexible_runner_takes_a_built_strategy_and_logs_the_clipped_grad_norm(support, tmp_path):
+    from mmengine.runner import FlexibleRunner
+
+    from shardwise.integrations.mmengine import ShardwiseSingleDeviceStrategy
+
+    strategy = ShardwiseSingleDeviceStrategy(work_dir=str(tmp_path), experiment_name="built")
+    runner = FlexibleRunner(
+        model=dict(type="IntegrationRegressor"),
+        work_dir=str(tmp_path),
+        strategy=strategy,
+        train_dataloader=dict(
+            dataset=dict(type="IntegrationData"),
+            sampler=dict(type="DefaultSampler", shuffle=False),
+            collate_fn=dict(type="default_collate"),
+            batch_size=4,
+        ),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01), clip_grad=dict(max_norm=1.0)),
+        train_cfg=dict(by_epoch=False, max_iters=2),
+        default_hooks=dict(checkpoint=None),
+    )
+    assert runner.strategy is strategy
+    assert runner.experiment_name == f"built_{strategy.timestamp}"  # as mmengine names it
+    runner.train()
+    norms = runner.message_hub.get_scalar("train/grad_norm").data[0]
+    assert len(norms) == 2 and all(norm > 0 for norm in norms)
+
+
 # ------------------------------------------------------------------------- the scenario
 def test_checkpoint_hook_saves_committed_checkpoints_in_the_strategy_format(scenario):
     strategy, root, _ = scenario
@@ -245,3 +274,40 @@ def test_a_shardwise_runner_checkpoint_resumes_in_flexible_runner(support, tmp_p
     assert_same(resumed["start"]["optimizer"], first.end["optimizer"])
     assert resumed["history"][:3] == first.history
     assert resumed["end"]["iter"] == 6
+
+
+def test_a_checkpoint_of_mmengine_own_runner_resumes_under_flexible_runner(support, tmp_path):
+    """The committed fixture of tests/test_mmengine_checkpoint.py: mmengine's Runner (with
+    EMAHook) after two epochs; its message hub's histories are mmengine HistoryBuffers."""
+    from mmengine.runner import FlexibleRunner
+
+    fixture = Path(__file__).parent / "data" / "mmengine_0.10.7_ema"
+    expected = torch.load(fixture / "expected.pt", weights_only=True)
+    record = support.RecordRun()
+    FlexibleRunner(
+        model=dict(type="IntegrationRegressor", width=4),
+        work_dir=str(tmp_path),
+        strategy=dict(type=SINGLE),
+        train_dataloader=dict(
+            dataset=dict(type="IntegrationData", n=24),
+            sampler=dict(type="DefaultSampler", shuffle=True),
+            collate_fn=dict(type="default_collate"),
+            batch_size=8,
+        ),
+        optim_wrapper=dict(optimizer=dict(type="AdamW", lr=0.01)),
+        param_scheduler=[
+            dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=4),
+            dict(type="MultiStepLR", milestones=[1], by_epoch=True),
+        ],
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        default_hooks=dict(checkpoint=None),
+        custom_hooks=[record],
+        resume=str(fixture / "epoch_2.pth"),
+    ).train()
+    assert record.start["iter"] == expected["iter"]
+    assert_same(record.start["weights"], expected["weights"])
+    names = list(record.start["weights"])  # mmengine keys the state by parameter position
+    by_name = {names[i]: state for i, state in expected["optimizer"]["state"].items()}
+    assert_same(record.start["optimizer"]["state"], by_name)
+    assert record.history[: expected["iter"]] == expected["losses"].tolist()
+    assert record.end["iter"] == expected["iter"] + 3

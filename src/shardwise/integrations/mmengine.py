@@ -17,6 +17,9 @@ shardwise's (``model_wrapper``, ``state_dict_cfg``, ``async_save``, ``max_keep_c
     strategy = dict(type='ShardwiseFSDPStrategy', state_dict_cfg='full')
     launcher = 'pytorch'  # torchrun --nproc-per-node 2 tools/train.py CONFIG
 
+``FlexibleRunner(strategy=ShardwiseDDPStrategy(...))`` takes a built strategy as well (the
+runner's ``env_cfg``, ``launcher`` and ``randomness`` are then the strategy's business).
+
 The runner and its hooks see what mmengine's strategies give them: a model config is built by
 mmengine's ``MODELS`` (the project's ``BaseModel``), the logger is mmengine's ``MMLogger``
 (shardwise's own log lines go to it too), the experiment name carries the timestamp, a
@@ -51,6 +54,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch.nn as nn
+from mmengine._strategy import BaseStrategy as MMEngineBaseStrategy
 from mmengine.logging import HistoryBuffer, MessageHub, MMLogger
 from mmengine.registry import MODELS, STRATEGIES
 
@@ -78,6 +82,7 @@ class _ToCurrentMMLogger(logging.Handler):
             MMLogger.get_current_instance().handle(record)
 
 
+@MMEngineBaseStrategy.register  # FlexibleRunner(strategy=...) takes a built one too
 class FlexibleRunnerStrategy:
     """What mmengine's ``FlexibleRunner`` expects of a strategy, on top of a shardwise one
     (a mixin: the registered classes put it before the shardwise strategy)."""
