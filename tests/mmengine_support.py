@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from mmengine.config import Config
 from mmengine.hooks import Hook as MMEngineHook
 from mmengine.model import BaseModel
-from mmengine.registry import DATASETS, HOOKS, MODELS
+from mmengine.registry import DATASETS, HOOKS, MODELS, OPTIMIZERS
 from mmengine.runner import FlexibleRunner
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -106,6 +106,11 @@ class IntegrationRegressor(BaseModel):
 
 class Interrupted(Exception):
     """Raised by :class:`RecordRun` to stop a run as a crash would."""
+
+
+@OPTIMIZERS.register_module()
+class IntegrationSGD(torch.optim.SGD):
+    """An optimizer the project registers in mmengine's registry only."""
 
 
 @HOOKS.register_module()

@@ -174,6 +174,18 @@ def test_flexible_runner_takes_a_built_strategy_and_logs_the_clipped_grad_norm(s
     assert len(norms) == 2 and all(norm > 0 for norm in norms)
 
 
+def test_an_optimizer_registered_in_mmengine_only_is_found_there(support, tmp_path):
+    from shardwise.integrations.mmengine import ShardwiseSingleDeviceStrategy
+
+    strategy = ShardwiseSingleDeviceStrategy(work_dir=str(tmp_path))
+    _, optim_wrapper = strategy.prepare(
+        dict(type="IntegrationRegressor"),
+        optim_wrapper=dict(optimizer=dict(type="IntegrationSGD", lr=0.1, momentum=0.9)),
+    )
+    assert type(optim_wrapper.optimizer) is support.IntegrationSGD
+    assert optim_wrapper.get_lr() == {"lr": [0.1]}
+
+
 # ------------------------------------------------------------------------- the scenario
 def test_checkpoint_hook_saves_committed_checkpoints_in_the_strategy_format(scenario):
     strategy, root, _ = scenario

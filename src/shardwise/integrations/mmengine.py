@@ -26,7 +26,8 @@ mmengine's ``MODELS`` (the project's ``BaseModel``), the logger is mmengine's ``
 clipped gradient's norm reaches the message hub as ``'train/grad_norm'``, and a resume hands
 back mmengine's message hub state. Optimizer wrappers and parameter schedulers are shardwise's,
 built from the same config vocabulary (every ``torch.optim`` optimizer, ``OptimWrapper``,
-``AmpOptimWrapper``, mmengine's scheduler names); checkpoints are shardwise's (commit protocol,
+``AmpOptimWrapper``, mmengine's scheduler names; an optimizer class the project registers in
+mmengine's ``OPTIMIZERS`` is found there); checkpoints are shardwise's (commit protocol,
 full / sharded / local formats, checksums). mmengine's default
 ``env_cfg=dict(dist_cfg=dict(backend='nccl'))`` becomes gloo on a machine without CUDA, with
 a warning naming the setting, as in shardwise's own Runner.
@@ -57,7 +58,9 @@ import torch.nn as nn
 from mmengine._strategy import BaseStrategy as MMEngineBaseStrategy
 from mmengine.logging import HistoryBuffer, MessageHub, MMLogger
 from mmengine.registry import MODELS, STRATEGIES
+from mmengine.registry import OPTIMIZERS as MMENGINE_OPTIMIZERS
 
+from shardwise.registry import OPTIMIZERS
 from shardwise.runner.runner import _env_kwargs
 from shardwise.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 
@@ -131,6 +134,11 @@ class FlexibleRunnerStrategy:
             )
         return built
 
+    def build_optim_wrapper(self, optim_wrapper: Any, model: nn.Module | None = None) -> Any:
+        """As the shardwise strategy's; an optimizer ``type`` that only the mmengine project
+        registers (in mmengine's ``OPTIMIZERS``, e.g. a LAMB) is found there."""
+        return super().build_optim_wrapper(_resolve_mmengine_optimizers(optim_wrapper), model)
+
     def prepare(self, model: nn.Module | Mapping[str, Any], **kwargs: Any) -> Any:
         """As the shardwise strategy's; the optimizer wrappers log to the runner's message hub."""
         prepared = super().prepare(model, **kwargs)
@@ -159,6 +167,23 @@ class FlexibleRunnerStrategy:
         if "message_hub" in checkpoint:
             checkpoint["message_hub"] = message_hub_to_mmengine(checkpoint["message_hub"])
         return checkpoint
+
+
+def _resolve_mmengine_optimizers(cfg: Any) -> Any:
+    """``cfg`` with each ``optimizer.type`` that shardwise's ``OPTIMIZERS`` lacks and
+    mmengine's has replaced by mmengine's class (in each optimizer of a multi-optimizer
+    config too)."""
+    if not isinstance(cfg, Mapping):
+        return cfg
+    optimizer = cfg.get("optimizer")
+    if not isinstance(optimizer, Mapping):
+        return {key: _resolve_mmengine_optimizers(value) for key, value in cfg.items()}
+    name = optimizer.get("type")
+    if isinstance(name, str) and OPTIMIZERS.get(name) is None:
+        found = MMENGINE_OPTIMIZERS.get(name)
+        if found is not None:
+            return {**cfg, "optimizer": {**optimizer, "type": found}}
+    return cfg
 
 
 def _route_shardwise_logs(log_level: str | int) -> None:
