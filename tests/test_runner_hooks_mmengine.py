@@ -305,6 +305,7 @@ def _evaluate_checkpoint(framework, work_dir, checkpoint):
     return recorder.calls, modes.calls, metrics
 
 
+@pytest.mark.filterwarnings("ignore:Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
 def test_val_and_test_after_load_from_call_the_hooks_as_under_mmengine(tmp_path, monkeypatch):
     seen = {}
     for framework in (MMENGINE, SHARDWISE):
