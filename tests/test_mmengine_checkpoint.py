@@ -99,7 +99,7 @@ def _runner_like_mmengine(tmp_path: Path, **overrides: Any):
 class _StateAtStart(Hook):
     """What the runner holds when training starts, after ``load_from`` or ``resume``."""
 
-    def before_run(self, runner) -> None:
+    def before_train(self, runner) -> None:
         self.weights = {k: v.clone() for k, v in runner.strategy.model_state_dict().items()}
         self.optimizer = copy.deepcopy(runner.optim_wrapper.optimizer.state_dict())
         self.last_steps = [scheduler.last_step for scheduler in runner.param_schedulers]
