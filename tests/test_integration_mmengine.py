@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,19 @@ RUNS = ("full", "first_half", "resumed", "loaded")
 SCRIPT = Path(__file__).with_name("mmengine_train.py")
 SINGLE = "ShardwiseSingleDeviceStrategy"
 NCCL_WARNING = "env_cfg.dist_cfg.backend='nccl' needs CUDA; using gloo"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shardwise_logger_restored():
+    """The integration routes the 'shardwise' logger to mmengine's MMLogger: put it back as it
+    was for the other test files."""
+    logger = logging.getLogger("shardwise")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    yield
+    for handler in logger.handlers:
+        if handler not in saved[0]:
+            handler.close()
+    logger.handlers[:], logger.level, logger.propagate = saved
 
 
 @pytest.fixture(scope="module")
