@@ -44,6 +44,20 @@ def test_the_gpt_configs_differ_only_in_the_strategy():
     assert fsdp == single
 
 
+def test_the_new_style_gpt_config_is_the_single_device_one_with_imported_types():
+    lazy = Config.fromfile(EXAMPLES / "gpt_lazy.py").to_dict()
+    single = Config.fromfile(EXAMPLES / "gpt_single.py", import_custom_modules=False).to_dict()
+    assert lazy.pop("strategy") == {"type": "shardwise.strategies.SingleDeviceStrategy"}
+    assert lazy["model"].pop("type") == "chargpt.CharGPT"
+    assert lazy["optim_wrapper"]["optimizer"].pop("type") == "torch.optim.AdamW"
+    for tree in (single["model"], single["optim_wrapper"]["optimizer"]):
+        tree.pop("type")
+    for tree in (single, lazy):
+        tree.pop("strategy", None)
+        tree.pop("custom_imports", None)
+    assert lazy == single
+
+
 def test_the_digits_config_uses_synchronised_batchnorm_with_ddp():
     cfg = Config.fromfile(EXAMPLES / "digits_ddp.py", import_custom_modules=False)
     assert cfg.strategy == {"type": "DDPStrategy", "sync_bn": "torch"}

@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import copy
 import datetime
 import functools
 import gc
@@ -26,7 +27,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -34,6 +35,7 @@ import torch.distributed as torch_dist
 from torch.distributed import ProcessGroup
 
 __all__ = [
+    "env_kwargs_from_cfg",
     "LAUNCHERS",
     "REDUCE_OPS",
     "all_gather_object",
@@ -474,3 +476,17 @@ def all_gather_object(obj: Any, group: ProcessGroup | None = None) -> list[Any]:
     gathered: list[Any] = [None] * get_world_size(group)
     torch_dist.all_gather_object(gathered, obj, group=group)
     return gathered
+
+
+def env_kwargs_from_cfg(env_cfg: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:
+    """mmengine's ``env_cfg`` as the strategy's ``env_kwargs``, and a note to log: an NCCL
+    backend asked for on a machine without CUDA becomes gloo (mmengine configs name NCCL)."""
+    env = copy.deepcopy(dict(env_cfg or {}))
+    dist_cfg = dict(env.get("dist_cfg") or {})
+    note = None
+    if "nccl" in str(dist_cfg.get("backend", "")) and not torch.cuda.is_available():
+        note = f"env_cfg.dist_cfg.backend={dist_cfg['backend']!r} needs CUDA; using gloo"
+        dist_cfg["backend"] = "gloo"
+    if dist_cfg:
+        env["dist_cfg"] = dist_cfg
+    return env, note

@@ -495,8 +495,9 @@ def _merged_args(
         )
     if not isinstance(registry, Registry):
         raise TypeError(
-            f"registry must be a shardwise.registry.Registry object, but got {type(registry)}: "
-            f"{registry!r}; pass a registry such as shardwise.registry.MODELS"
+            f"registry must be a mmengine.Registry object, but got {type(registry)}: "
+            f"{registry!r}; here that is shardwise.registry.Registry (shardwise's "
+            "mmengine-compatible Registry): pass one such as shardwise.registry.MODELS"
         )
     if not (default_args is None or isinstance(default_args, Mapping | Config)):
         raise TypeError(

@@ -60,8 +60,8 @@ from mmengine.logging import HistoryBuffer, MessageHub, MMLogger
 from mmengine.registry import MODELS, STRATEGIES
 from mmengine.registry import OPTIMIZERS as MMENGINE_OPTIMIZERS
 
+from shardwise import dist
 from shardwise.registry import OPTIMIZERS
-from shardwise.runner.runner import _env_kwargs
 from shardwise.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 
 __all__ = [
@@ -97,7 +97,7 @@ class FlexibleRunnerStrategy:
         env_kwargs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        env, note = _env_kwargs(env_kwargs)
+        env, note = dist.env_kwargs_from_cfg(env_kwargs)
         self._experiment_prefix = experiment_name
         super().__init__(experiment_name=experiment_name, env_kwargs=env, **kwargs)
         if note:

@@ -271,7 +271,7 @@ class Runner:
                 f"dict(type='DDPStrategy'), got {type(strategy).__name__}: {strategy!r}"
             )
         cfg = dict(strategy)
-        env, note = _env_kwargs(env_cfg)
+        env, note = dist.env_kwargs_from_cfg(env_cfg)
         if randomness is not None:
             env["randomness"] = dict(randomness)
         if launcher is not None:
@@ -716,20 +716,6 @@ class Runner:
             max_keep_ckpts=max_keep_ckpts,
             series=series,
         )
-
-
-def _env_kwargs(env_cfg: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:
-    """mmengine's ``env_cfg`` as the strategy's ``env_kwargs``, and a note to log: an NCCL
-    backend asked for on a machine without CUDA becomes gloo (mmengine configs name NCCL)."""
-    env = copy.deepcopy(dict(env_cfg or {}))
-    dist_cfg = dict(env.get("dist_cfg") or {})
-    note = None
-    if "nccl" in str(dist_cfg.get("backend", "")) and not torch.cuda.is_available():
-        note = f"env_cfg.dist_cfg.backend={dist_cfg['backend']!r} needs CUDA; using gloo"
-        dist_cfg["backend"] = "gloo"
-    if dist_cfg:
-        env["dist_cfg"] = dist_cfg
-    return env, note
 
 
 # ----------------------------------------------------------------------------- steps
