@@ -254,3 +254,35 @@ def test_a_sharded_resume_of_another_width_is_refused_on_every_rank(tmp_path, fm
         assert message is not None and "refusing to resume" in message
         assert "blocks.0.fc.weight (64, 16) vs (96, 24)" in message and "19 more" in message
         assert has_state is False
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs, no cleanup."""
+
+
+def test_a_crash_while_retention_deletes_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
+    import shutil
+
+    from shardwise.checkpoint.latest import committed_checkpoints
+    from shardwise.checkpoint.verify import verify_checkpoint
+
+    strategy = FSDPStrategy(work_dir=str(tmp_path), max_keep_ckpts=1)  # 1 rank, sharded: dirs
+    strategy.prepare(TinyTransformer(), optim_wrapper=OPTIM)
+    strategy.save_checkpoint("iter_1")
+    real_rmtree = shutil.rmtree
+
+    def dies_halfway(path, *args, **kwargs):
+        files = sorted(p for p in Path(path).iterdir() if p.name != "manifest.json")
+        files[0].unlink()  # the first file goes, then the process is killed
+        raise _Killed
+
+    monkeypatch.setattr(shutil, "rmtree", dies_halfway)
+    with pytest.raises(_Killed):
+        strategy.save_checkpoint("iter_2")  # committed, then retires iter_1
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    assert committed_checkpoints(tmp_path) == [tmp_path / "iter_2"]
+    assert all(verify_checkpoint(p).ok for p in committed_checkpoints(tmp_path))
+    assert find_last_checkpoint(tmp_path) == str(tmp_path / "iter_2")
+    assert (tmp_path / ".iter_1.deleted").is_dir()  # moved away whole, then killed
+    strategy.save_checkpoint("iter_3")  # the next save removes the leftover
+    assert not (tmp_path / ".iter_1.deleted").exists()

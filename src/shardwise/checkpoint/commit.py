@@ -37,12 +37,14 @@ from typing import Any
 import torch.distributed as dist
 
 from .files import (
+    DELETED_SUFFIX,
     LAST_CHECKPOINT,
     REPLACED_SUFFIX,
     SIDECAR_SUFFIX,
     STAGING_SUFFIX,
     CheckpointError,
     atomic_write_text,
+    deleted_path,
     describe_error,
     fsync_dir,
     remove_path,
@@ -71,16 +73,28 @@ logger = logging.getLogger(__name__)
 
 def remove_checkpoint(path: str | os.PathLike[str]) -> None:
     """Delete a checkpoint (file or directory) and the manifest sidecar of a file checkpoint;
-    a missing path is no error. For ``max_keep_ckpts`` and the like (call it on one rank)."""
+    a missing path is no error. For ``max_keep_ckpts`` and the like (call it on one rank).
+
+    A crash at any moment leaves the checkpoint whole or gone, never half-deleted with its
+    manifest: a directory is renamed out of the way (``.NAME.deleted``, which the next save's
+    :func:`clean_leftovers` removes) before its files are; a file goes before its manifest.
+    """
     path = Path(path)
-    remove_path(path)
+    if path.is_dir() and not path.is_symlink():
+        trash = deleted_path(path)
+        remove_path(trash)
+        os.replace(path, trash)
+        remove_path(trash)
+    else:
+        path.unlink(missing_ok=True)
     sidecar_path(path).unlink(missing_ok=True)
     staging_path(sidecar_path(path)).unlink(missing_ok=True)
 
 
 def clean_leftovers(directory: str | os.PathLike[str]) -> list[Path]:
     """Remove what interrupted saves left in ``directory`` (staging paths, replaced
-    checkpoints, manifests whose checkpoint is gone); returns the removed paths. A replaced
+    checkpoints, checkpoints being deleted, manifests whose checkpoint is gone); returns the
+    removed paths. A replaced
     checkpoint whose successor never arrived (a crash between the two renames of an overwrite)
     is moved back to its name instead. A ``*.manifest.json`` that is not a manifest is kept."""
     directory = Path(directory)
@@ -96,7 +110,7 @@ def clean_leftovers(directory: str | os.PathLike[str]) -> list[Path]:
                 continue
             remove_path(entry)
             removed.append(entry)
-        elif hidden and entry.name.endswith(STAGING_SUFFIX):
+        elif hidden and entry.name.endswith((STAGING_SUFFIX, DELETED_SUFFIX)):
             remove_path(entry)
             removed.append(entry)
         elif entry.name.endswith(SIDECAR_SUFFIX) and entry.is_file():

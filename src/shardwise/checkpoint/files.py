@@ -5,6 +5,9 @@ Names beside a checkpoint ``NAME``:
 
 - ``.NAME.partial``: the staging path a save writes under (:func:`staging_path`);
 - ``.NAME.replaced``: the previous ``NAME`` while an overwrite renames the new one into place;
+- ``.NAME.deleted``: a checkpoint directory being deleted (renamed first, so that it vanishes
+  whole: a crash while its files are removed leaves no half-deleted checkpoint that looks
+  committed);
 - ``NAME.manifest.json``: the manifest of a single-file checkpoint (:func:`sidecar_path`; a
   directory checkpoint holds its manifest inside).
 """
@@ -19,6 +22,7 @@ __all__ = [
     "LAST_CHECKPOINT",
     "CheckpointError",
     "atomic_write_text",
+    "deleted_path",
     "describe_error",
     "fsync_dir",
     "remove_path",
@@ -32,6 +36,7 @@ __all__ = [
 LAST_CHECKPOINT = "last_checkpoint"
 STAGING_SUFFIX = ".partial"
 REPLACED_SUFFIX = ".replaced"
+DELETED_SUFFIX = ".deleted"
 SIDECAR_SUFFIX = ".manifest.json"
 
 
@@ -50,6 +55,12 @@ def staging_path(final: str | os.PathLike[str]) -> Path:
     """The temporary name a checkpoint is written under, beside its final name."""
     final = Path(final)
     return final.with_name(f".{final.name}{STAGING_SUFFIX}")
+
+
+def deleted_path(checkpoint: str | os.PathLike[str]) -> Path:
+    """Where a checkpoint directory is moved to be deleted."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.with_name(f".{checkpoint.name}{DELETED_SUFFIX}")
 
 
 def replaced_path(final: str | os.PathLike[str]) -> Path:
