@@ -22,7 +22,7 @@ import torch
 from .files import CheckpointError
 from .full import check_torch_file, load_full_checkpoint
 from .local import local_ranks
-from .manifest import check_checksums
+from .manifest import checksums_checked
 from .sharded import DCP_METADATA, META_FILE, load_sharded_checkpoint
 
 __all__ = ["FORMATS", "CheckpointFormat", "detect_format", "probe_checkpoint", "read_checkpoint"]
@@ -84,26 +84,26 @@ def read_checkpoint(
     A sharded checkpoint is read without collectives, so this works on one process and on
     every rank of a DDP run alike. A local checkpoint holds shards that only the sharded
     strategy that wrote it can place, so it is refused here. With ``verify_checksums`` every
-    file is first compared with the checksums its manifest recorded at save time (a mismatch
-    raises :class:`CheckpointError` naming the file; a checkpoint without a manifest is read
-    as it is).
+    file is compared with the checksums its manifest recorded at save time while it is read
+    (a mismatch raises :class:`CheckpointError` naming the file, and nothing read is
+    returned; a checkpoint without a manifest is read as it is).
     """
     fmt = detect_format(path)
-    if verify_checksums and fmt != "local":
-        check_checksums(path)
-    if fmt == "full":
-        return load_full_checkpoint(path, map_location=map_location)
-    if fmt == "sharded":
+    if fmt == "local":
+        raise CheckpointError(
+            f"{path} is a local checkpoint (one rank{{i}}.pth per rank, each holding that "
+            "rank's shards); it loads only under FSDPStrategy on the same number of ranks. Load "
+            "it there and save it again with state_dict_cfg='full' or 'sharded' to use it "
+            "elsewhere"
+        )
+    with checksums_checked(path, enabled=verify_checksums):
+        if fmt == "full":
+            return load_full_checkpoint(path, map_location=map_location)
         checkpoint = load_sharded_checkpoint(path)
-        device = map_location if isinstance(map_location, str | torch.device) else "cpu"
-        if torch.device(device).type != "cpu":
-            checkpoint = _map(checkpoint, lambda t: t.to(map_location), torch.Tensor)
-        return checkpoint
-    raise CheckpointError(
-        f"{path} is a local checkpoint (one rank{{i}}.pth per rank, each holding that rank's "
-        "shards); it loads only under FSDPStrategy on the same number of ranks. Load it there "
-        "and save it again with state_dict_cfg='full' or 'sharded' to use it elsewhere"
-    )
+    device = map_location if isinstance(map_location, str | torch.device) else "cpu"
+    if torch.device(device).type != "cpu":
+        checkpoint = _map(checkpoint, lambda t: t.to(map_location), torch.Tensor)
+    return checkpoint
 
 
 def _map(tree: Any, fn: Any, kind: type) -> Any:

@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor
 
 from .files import CheckpointError
 from .full import WrittenFile, load_full_checkpoint, save_full_checkpoint
-from .manifest import check_checksums
+from .manifest import checksums_checked
 
 __all__ = ["load_local_checkpoint", "local_ranks", "rank_file", "save_local_checkpoint"]
 
@@ -73,8 +73,8 @@ def load_local_checkpoint(
     *,
     verify_checksums: bool = True,
 ) -> dict[str, Any]:
-    """Read ``path/rank{rank}.pth`` (first checked against the manifest's checksum, with
-    ``verify_checksums``); the directory must hold exactly one file per rank of
+    """Read ``path/rank{rank}.pth`` (checked against the manifest's checksum as it is read,
+    with ``verify_checksums``); the directory must hold exactly one file per rank of
     ``world_size`` ranks (local checkpoints do not reshard)."""
     ranks = local_ranks(path)
     if ranks != list(range(world_size)):
@@ -84,6 +84,5 @@ def load_local_checkpoint(
             "saved it. Resume on that many ranks, or convert it: load it there with FSDPStrategy "
             "and save with state_dict_cfg='sharded', which loads on any number of ranks"
         )
-    if verify_checksums:
-        check_checksums(path, [rank_file(path, rank).name])
-    return load_full_checkpoint(rank_file(path, rank), map_location=map_location)
+    with checksums_checked(path, [rank_file(path, rank).name], enabled=verify_checksums):
+        return load_full_checkpoint(rank_file(path, rank), map_location=map_location)

@@ -29,12 +29,14 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,9 @@ __all__ = [
     "PendingManifest",
     "Problem",
     "build_manifest",
+    "ChecksumCheck",
     "check_checksums",
+    "checksums_checked",
     "is_committed",
     "is_manifest",
     "recorded_files",
@@ -309,15 +313,72 @@ def check_checksums(
     (among ``files``, default all) whose bytes differ from its manifest. A checkpoint without
     a manifest (written before manifests, or by another tool) has nothing to compare with and
     passes."""
-    if not manifest_path(checkpoint).is_file():
-        return
-    problems = verify_manifest(checkpoint, files=files)
+    if manifest_path(checkpoint).is_file():
+        _raise_if_damaged(checkpoint, verify_manifest(checkpoint, files=files))
+
+
+def _raise_if_damaged(checkpoint: str | os.PathLike[str], problems: list[Problem]) -> None:
     if problems:
         raise CheckpointError(
             f"refusing to load {checkpoint}: its bytes differ from the checksums recorded when "
             f"it was saved ({'; '.join(map(str, problems))}). Load an older checkpoint, or "
             "pass verify_checksums=False to load it anyway"
         )
+
+
+class ChecksumCheck:
+    """:func:`check_checksums` in a background thread, while the caller reads the same files:
+    the hashing (which releases the GIL) runs beside the load, and the page cache serves both
+    reads of each byte. :meth:`result` waits and raises as :func:`check_checksums` does; call it
+    before anything read is used.
+
+    Example::
+
+        check = ChecksumCheck(path)
+        state = torch.load(path, weights_only=True)
+        check.result()          # CheckpointError if the bytes differ from the manifest
+        model.load_state_dict(state['state_dict'])
+    """
+
+    def __init__(
+        self, checkpoint: str | os.PathLike[str], files: Iterable[str] | None = None
+    ) -> None:
+        self.checkpoint = Path(checkpoint)
+        self._files = None if files is None else list(files)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="shardwise-verify", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            check_checksums(self.checkpoint, self._files)
+        except BaseException as exc:  # noqa: BLE001 - raised by result() in the caller's thread
+            self._error = exc
+
+    def result(self) -> None:
+        """Wait for the check; raise its :class:`CheckpointError` (or its own failure)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+@contextlib.contextmanager
+def checksums_checked(
+    checkpoint: str | os.PathLike[str], files: Iterable[str] | None = None, enabled: bool = True
+) -> Iterator[None]:
+    """Compare ``checkpoint``'s files with their manifest while the body reads them
+    (:class:`ChecksumCheck`); raise on leaving if they differ. When the body fails, a
+    mismatch is raised instead, since it explains the failure (the body's error chained)."""
+    if not enabled:
+        yield
+        return
+    check = ChecksumCheck(checkpoint, files)
+    try:
+        yield
+    except Exception:
+        check.result()
+        raise
+    check.result()
 
 
 class PendingManifest:

@@ -43,7 +43,7 @@ from shardwise.checkpoint import CheckpointError
 from shardwise.checkpoint.formats import detect_format
 from shardwise.checkpoint.full import WrittenFile, load_full_checkpoint, save_full_checkpoint
 from shardwise.checkpoint.local import load_local_checkpoint, save_local_checkpoint
-from shardwise.checkpoint.manifest import check_checksums, recorded_files
+from shardwise.checkpoint.manifest import ChecksumCheck, checksums_checked, recorded_files
 from shardwise.checkpoint.sharded import (
     load_sharded_tensors,
     read_sharded_meta,
@@ -604,16 +604,30 @@ class FSDPStrategy(BaseStrategy):
         fmt = self._on_rank0(lambda: detect_format(path))
         if fmt == "full":
             return self._read_full_on_rank0(path, verify)
-        if fmt == "sharded":  # small files on every rank (agreed), then DCP's collective load
-            skeleton, specs = self._on_every_rank(lambda: self._read_sharded_meta(path, verify))
-            return load_sharded_tensors(path, skeleton, specs, self._shard_factory())
+        if fmt == "sharded":
+            return self._read_sharded(path, verify)
         return self._on_every_rank(lambda: self._read_local(path, verify))
 
-    def _read_sharded_meta(self, path: Path, verify: bool) -> Any:
+    def _read_sharded(self, path: Path, verify: bool) -> dict[str, Any]:
+        """The small files on every rank (agreed), then DCP's collective load into this
+        mesh's shards; meanwhile each rank checks the checksums of its share of the files
+        (:func:`~shardwise.checkpoint.sharded.verification_share`), and the ranks agree on
+        the outcome before anything is returned (a mismatch explains a failed load too)."""
+        check = None
         if verify:
             share = verification_share(recorded_files(path), self.rank, self.world_size)
-            check_checksums(path, share)
-        return read_sharded_meta(path)
+            check = ChecksumCheck(path, share)
+        checkpoint, error = None, None
+        try:
+            skeleton, specs = self._on_every_rank(lambda: read_sharded_meta(path))
+            checkpoint = load_sharded_tensors(path, skeleton, specs, self._shard_factory())
+        except Exception as exc:  # noqa: BLE001 - every rank failed (agreed): raised below
+            error = exc
+        if check is not None:
+            self._on_every_rank(check.result)
+        if error is not None:
+            raise error
+        return checkpoint
 
     def _on_rank0(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` on rank 0, its result (or its exception) on every rank."""
@@ -653,9 +667,8 @@ class FSDPStrategy(BaseStrategy):
         checkpoint: dict[str, Any] = {}
 
         def read() -> dict[str, Any]:
-            if verify:
-                check_checksums(path)
-            checkpoint.update(load_full_checkpoint(path, map_location="cpu"))
+            with checksums_checked(path, enabled=verify):
+                checkpoint.update(load_full_checkpoint(path, map_location="cpu"))
             return _skeleton(checkpoint)
 
         skeleton = self._on_rank0(read)
