@@ -514,3 +514,27 @@ def test_a_full_save_is_hashed_while_written_not_read_back(prepared, tmp_path, m
     expected = xxhash.xxh3_64((tmp_path / "hashed.pth").read_bytes()).hexdigest()
     assert expected in str(entry)
     assert verify_checkpoint(tmp_path / "hashed.pth").ok
+
+
+def test_build_param_scheduler_takes_mmengine_s_default_args(tmp_path):
+    strategy = SingleDeviceStrategy(work_dir=str(tmp_path))
+    _, optim_wrapper = strategy.prepare(
+        torch.nn.Linear(2, 1), optim_wrapper=dict(optimizer=dict(type="SGD", lr=1.0))
+    )
+    (scheduler,) = strategy.build_param_scheduler(
+        dict(type="LinearLR", start_factor=0.5, by_epoch=True, convert_to_iter_based=True),
+        optim_wrapper,
+        default_args=dict(max_epochs=2, epoch_length=10),
+    )
+    assert (scheduler.by_epoch, scheduler.begin, scheduler.end) == (False, 0, 20)
+    lrs = []
+    for _ in range(21):
+        lrs.append(optim_wrapper.get_lr()["lr"][0])
+        scheduler.step()
+    # mmengine's LinearLR reaches end_factor at the last step of [begin, end): step 19
+    assert lrs[0] == 0.5 and lrs[10] == pytest.approx(0.5 + 0.5 * 10 / 19)
+    assert lrs[19] == pytest.approx(1.0) == lrs[20]
+    with pytest.raises(ValueError, match="no 'max_iters' to default it to"):
+        strategy.build_param_scheduler(
+            dict(type="StepLR", by_epoch=False, step_size=1), default_args=dict(max_epochs=2)
+        )

@@ -466,19 +466,24 @@ class BaseStrategy:
                 wrapper.initialize_count_status(self.model, 0, self.dispatch_kwargs["max_iters"])
 
     def build_param_scheduler(
-        self, scheduler: Any, optim_wrapper: Any = None
+        self, scheduler: Any, optim_wrapper: Any = None, default_args: Mapping | None = None
     ) -> list[_ParamScheduler] | dict[str, list[_ParamScheduler]]:
         """Build parameter schedulers: a list for one optimizer, a dict of lists (one per
         optimizer name) for an ``OptimWrapperDict``.
 
-        A config without ``end`` ends at ``max_epochs`` (``by_epoch=True``) or
-        ``max_iters`` from ``dispatch_kwargs``; ``convert_to_iter_based=True`` uses
-        ``epoch_length``. Pre-built scheduler objects are kept as they are.
+        ``default_args`` (mmengine's): ``max_epochs`` / ``max_iters`` end a config without
+        ``end`` (``by_epoch=True`` / ``False``), ``epoch_length`` converts a config with
+        ``convert_to_iter_based=True``, and any other entry is a default argument of every
+        scheduler built. None takes the first three from ``dispatch_kwargs``. Pre-built
+        scheduler objects are kept as they are.
 
         Examples:
             >>> strategy.build_param_scheduler(dict(type='MultiStepLR', milestones=[1, 2]))
             >>> strategy.build_param_scheduler([dict(type='MultiStepLR', milestones=[1, 2]),
             ...                                 dict(type='StepLR', step_size=1)])
+            >>> strategy.build_param_scheduler(
+            ...     dict(type='LinearLR', by_epoch=True, convert_to_iter_based=True),
+            ...     strategy.optim_wrapper, default_args=dict(max_epochs=2, epoch_length=10))
         """
         optim_wrapper = (
             optim_wrapper if optim_wrapper is not None else getattr(self, "optim_wrapper", None)
@@ -488,8 +493,11 @@ class BaseStrategy:
                 "build_param_scheduler needs an optimizer wrapper: build it first with "
                 "build_optim_wrapper() or pass optim_wrapper to prepare()"
             )
+        if default_args is None:
+            keys = ("max_epochs", "max_iters", "epoch_length")
+            default_args = {k: self.dispatch_kwargs[k] for k in keys if k in self.dispatch_kwargs}
         if not isinstance(optim_wrapper, OptimWrapperDict):
-            return self._build_scheduler_list(scheduler, optim_wrapper)
+            return self._build_scheduler_list(scheduler, optim_wrapper, default_args)
         per_name = isinstance(scheduler, Mapping) and "type" not in scheduler
         if per_name:
             unknown = set(scheduler) - set(optim_wrapper.keys())
@@ -499,19 +507,23 @@ class BaseStrategy:
                     f"are {sorted(optim_wrapper.keys())}"
                 )
         return {
-            name: self._build_scheduler_list(scheduler[name] if per_name else scheduler, wrapper)
+            name: self._build_scheduler_list(
+                scheduler[name] if per_name else scheduler, wrapper, default_args
+            )
             for name, wrapper in optim_wrapper.items()
             if not per_name or name in scheduler
         }
 
-    def _build_scheduler_list(self, scheduler: Any, optim_wrapper: Any) -> list[_ParamScheduler]:
+    def _build_scheduler_list(
+        self, scheduler: Any, optim_wrapper: Any, default_args: Mapping[str, Any]
+    ) -> list[_ParamScheduler]:
         items = scheduler if isinstance(scheduler, Sequence) else [scheduler]
         built = []
         for item in items:
             if isinstance(item, _ParamScheduler):
                 built.append(self._adopt_scheduler(item, optim_wrapper))
             elif isinstance(item, Mapping):
-                built.append(self._build_one_scheduler(item, optim_wrapper))
+                built.append(_build_one_scheduler(item, optim_wrapper, default_args))
             else:
                 raise TypeError(
                     f"a param_scheduler must be a scheduler object or a config dict, got "
@@ -523,20 +535,6 @@ class BaseStrategy:
         """A pre-built scheduler handed to :meth:`build_param_scheduler`, as the strategy
         keeps it (here: unchanged; a sharding strategy rebinds it to the rebuilt optimizer)."""
         return scheduler
-
-    def _build_one_scheduler(self, cfg: Mapping[str, Any], optim_wrapper: Any) -> _ParamScheduler:
-        cfg = copy.deepcopy(dict(cfg))
-        if "end" not in cfg:
-            key = "max_epochs" if cfg.get("by_epoch", True) else "max_iters"
-            if key not in self.dispatch_kwargs:
-                raise ValueError(
-                    f"{cfg.get('type')} has no 'end' and dispatch_kwargs has no {key!r} to "
-                    f"default it to; set end=... or pass dispatch_kwargs=dict({key}=...)"
-                )
-            cfg["end"] = self.dispatch_kwargs[key]
-        return build_param_scheduler(
-            cfg, optim_wrapper, epoch_length=self.dispatch_kwargs.get("epoch_length")
-        )
 
     # ------------------------------------------------------------------ state dicts
     def _state_dict_options(self, **overrides: Any) -> StateDictOptions:
@@ -1160,6 +1158,27 @@ def _revise_keys(
         regex = re.compile(pattern)
         revised = {regex.sub(replacement, k): v for k, v in revised.items()}
     return revised
+
+
+def _build_one_scheduler(
+    cfg: Mapping[str, Any], optim_wrapper: Any, default_args: Mapping[str, Any]
+) -> _ParamScheduler:
+    """One scheduler from its config and :meth:`BaseStrategy.build_param_scheduler`'s
+    ``default_args``."""
+    cfg, defaults = copy.deepcopy(dict(cfg)), dict(default_args)
+    lengths = {key: defaults.pop(key, None) for key in ("max_epochs", "max_iters")}
+    epoch_length = defaults.pop("epoch_length", None)
+    if "end" not in cfg:
+        key = "max_epochs" if cfg.get("by_epoch", True) else "max_iters"
+        if lengths[key] is None:
+            raise ValueError(
+                f"{cfg.get('type')} has no 'end' and there is no {key!r} to default it to; "
+                f"set end=..., or pass {key} in default_args or dispatch_kwargs"
+            )
+        cfg["end"] = lengths[key]
+    for key, value in defaults.items():
+        cfg.setdefault(key, value)
+    return build_param_scheduler(cfg, optim_wrapper, epoch_length=epoch_length)
 
 
 def _load_schedulers(schedulers: Sequence[_ParamScheduler], states: Sequence[Any]) -> None:
