@@ -51,7 +51,7 @@ import datetime
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ import torch
 import torch.distributed as torch_dist
 from torch.distributed.tensor import DTensor
 
+from ..tree import map_with_path
 from .commit import CheckpointCommit
 from .files import CheckpointError
 
@@ -122,33 +123,22 @@ class AsyncCheckpointer:
         if self._future is not None:
             raise RuntimeError("a save is in flight: wait() for it before staging the next")
         pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        done: dict[int, torch.Tensor] = {}
+
+        def stage_leaf(path: tuple[str, ...], leaf: Any) -> Any:
+            if not isinstance(leaf, torch.Tensor):
+                return copy.deepcopy(leaf)
+            if id(leaf) not in done:
+                done[id(leaf)] = self._stage_tensor(leaf, path, pending)
+            return done[id(leaf)]
+
         with torch.no_grad():  # DTensor's to_local/from_local skip autograd
-            staged = self._stage(state, (), {}, pending)
+            staged = map_with_path(stage_leaf, state)
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # the device-to-host copies were non-blocking
         self._pending = pending
         self._staged = threading.Event() if pending else None
         return staged
-
-    def _stage(
-        self,
-        node: Any,
-        path: tuple[str, ...],
-        done: dict[int, Any],
-        pending: list[tuple[torch.Tensor, torch.Tensor]],
-    ) -> Any:
-        if isinstance(node, torch.Tensor):
-            if id(node) not in done:
-                done[id(node)] = self._stage_tensor(node, path, pending)
-            return done[id(node)]
-        if isinstance(node, Mapping):
-            return {k: self._stage(v, (*path, str(k)), done, pending) for k, v in node.items()}
-        if isinstance(node, list | tuple):
-            items = [self._stage(v, (*path, str(i)), done, pending) for i, v in enumerate(node)]
-            if isinstance(node, list):
-                return items
-            return type(node)(*items) if hasattr(node, "_fields") else type(node)(items)
-        return copy.deepcopy(node)
 
     def _stage_tensor(
         self,

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
+from ..dtypes import parse_dtype
 from .commit import CheckpointCommit, check_replaceable
 from .files import CheckpointError
 from .full import save_full_checkpoint
@@ -48,32 +49,15 @@ from .reader import (
 from .safetensors_export import export_safetensors, safetensors_header
 from .sharded import save_sharded_checkpoint
 
-__all__ = ["DTYPES", "TARGETS", "convert_checkpoint", "parse_dtype"]
+__all__ = ["CAST_DTYPES", "TARGETS", "convert_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
 #: The formats :func:`convert_checkpoint` writes.
 TARGETS = ("full", "sharded", "safetensors")
-#: ``dtype`` names (the command line's ``--dtype``) and their long forms.
-DTYPES = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-}
+#: The dtype names ``dtype`` may cast model weights to (``--dtype bf16|fp16|fp32``).
+CAST_DTYPES = ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32")
 _KEPT_BY_MODEL_ONLY = (MODEL, "meta")
-
-
-def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    """``'bf16'`` / ``'fp16'`` / ``'fp32'`` (or their long names, or a torch dtype among
-    these) -> the torch dtype; None stays None."""
-    if dtype is None or (isinstance(dtype, torch.dtype) and dtype in DTYPES.values()):
-        return dtype
-    if isinstance(dtype, str) and dtype.lower().removeprefix("torch.") in DTYPES:
-        return DTYPES[dtype.lower().removeprefix("torch.")]
-    raise ValueError(f"dtype={dtype!r} is not one convert casts to; use one of bf16, fp16, fp32")
 
 
 def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
@@ -222,7 +206,7 @@ def convert_checkpoint(
         raise ValueError(
             f"to={to!r} is not a format convert writes; use one of {', '.join(TARGETS)}"
         )
-    cast_to = parse_dtype(dtype)
+    cast_to = parse_dtype(dtype, "dtype", names=CAST_DTYPES)
     src, dst = Path(src), Path(dst)
     if not src.exists():
         raise FileNotFoundError(

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import torch
 
+from ..tree import map_tensors
 from .files import CheckpointError
 from .full import check_torch_file, load_full_checkpoint
 from .local import local_ranks
@@ -102,15 +103,5 @@ def read_checkpoint(
         checkpoint = load_sharded_checkpoint(path)
     device = map_location if isinstance(map_location, str | torch.device) else "cpu"
     if torch.device(device).type != "cpu":
-        checkpoint = _map(checkpoint, lambda t: t.to(map_location), torch.Tensor)
+        checkpoint = map_tensors(lambda t: t.to(map_location), checkpoint)
     return checkpoint
-
-
-def _map(tree: Any, fn: Any, kind: type) -> Any:
-    if isinstance(tree, kind):
-        return fn(tree)
-    if isinstance(tree, dict):
-        return {k: _map(v, fn, kind) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_map(v, fn, kind) for v in tree)
-    return tree

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from ..tree import map_tensors
 from .files import CheckpointError
 from .full import WrittenFile, load_full_checkpoint, save_full_checkpoint
 from .manifest import checksums_checked
@@ -45,16 +46,11 @@ def local_ranks(path: str | os.PathLike[str]) -> list[int]:
     return sorted(ranks)
 
 
-def _to_local(tree: Any) -> Any:
-    if isinstance(tree, DTensor):
-        return tree.to_local().detach().to("cpu", copy=True)
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().cpu()
-    if isinstance(tree, dict):
-        return {k: _to_local(v) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_to_local(v) for v in tree)
-    return tree
+def _local_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor`` on the CPU (a DTensor's local shard, copied)."""
+    if isinstance(tensor, DTensor):
+        return tensor.to_local().detach().to("cpu", copy=True)
+    return tensor.detach().cpu()
 
 
 def save_local_checkpoint(
@@ -62,7 +58,7 @@ def save_local_checkpoint(
 ) -> WrittenFile:
     """Write this rank's part of ``state`` (DTensors as their local shards) to
     ``path/rank{rank}.pth`` and return that file with its hash; every rank calls it."""
-    return save_full_checkpoint(_to_local(state), rank_file(path, rank))
+    return save_full_checkpoint(map_tensors(_local_copy, state), rank_file(path, rank))
 
 
 def load_local_checkpoint(

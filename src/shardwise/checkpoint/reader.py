@@ -35,12 +35,13 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
+from ..tree import map_with_path
 from .files import CheckpointError
 from .formats import detect_format
 from .full import load_full_checkpoint
 from .local import local_ranks, rank_file
 from .safe_dcp import SafeFileSystemReader
-from .sharded import _REF, DCP_METADATA, META_FILE, _is_ref
+from .sharded import DCP_METADATA, META_FILE, REF, is_ref
 
 __all__ = [
     "MODEL",
@@ -122,14 +123,10 @@ class TensorInfo:
         return self.numel * self.dtype.itemsize
 
 
-def map_leaves(tree: Any, fn: Callable[[tuple[str, ...], Any], Any], path=()) -> Any:
-    """``tree`` with every leaf replaced by ``fn(path, leaf)`` (dicts, lists and tuples
-    are walked; path components are ``str(key)``)."""
-    if isinstance(tree, Mapping) and not _is_ref(tree):
-        return {k: map_leaves(v, fn, (*path, str(k))) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(map_leaves(v, fn, (*path, str(i))) for i, v in enumerate(tree))
-    return fn(path, tree)
+def map_leaves(tree: Any, fn: Callable[[tuple[str, ...], Any], Any]) -> Any:
+    """``tree`` with every leaf replaced by ``fn(path, leaf)``; a reference to a tensor DCP
+    stores is a leaf."""
+    return map_with_path(fn, tree, is_leaf=is_ref)
 
 
 def _normalize(checkpoint: Any, path: Path) -> dict[str, Any]:
@@ -332,9 +329,9 @@ class ShardedReader(CheckpointReader):
         skeleton = _normalize(load_full_checkpoint(path / META_FILE), path / META_FILE)
 
         def describe(leaf_path: tuple[str, ...], leaf: Any) -> Any:
-            if not _is_ref(leaf):
+            if not is_ref(leaf):
                 return leaf
-            key = leaf[_REF]
+            key = leaf[REF]
             if key not in stored or not hasattr(stored[key], "chunks"):
                 raise CheckpointError(
                     f"{path}: {META_FILE} refers to tensor {key!r}, which {DCP_METADATA} does "

@@ -41,6 +41,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
 
+from ..tree import map_leaves, map_with_path
 from .files import CheckpointError, describe_error
 from .full import HashingWriter, WrittenFile, load_full_checkpoint, save_full_checkpoint
 from .safe_dcp import SafeFileSystemReader
@@ -54,13 +55,14 @@ __all__ = [
     "read_sharded_checkpoint",
     "read_sharded_meta",
     "save_sharded_checkpoint",
+    "tensor_refs",
     "verification_share",
 ]
 
 DCP_METADATA = ".metadata"
 META_FILE = "meta.pt"
 _TENSOR_SECTIONS = ("state_dict", "optimizer")
-_REF = "__dcp_tensor__"
+REF = "__dcp_tensor__"
 _WRITER = re.compile(r"^__(\d+)_\d+\.distcp$")  # the files DCP's rank N writes
 
 #: Makes the tensor a stored tensor is loaded into: ``(path in the checkpoint, global shape,
@@ -68,44 +70,43 @@ _WRITER = re.compile(r"^__(\d+)_\d+\.distcp$")  # the files DCP's rank N writes
 TensorFactory = Callable[[tuple[str, ...], torch.Size, torch.dtype], torch.Tensor]
 
 
-def _split(tree: Any, path: tuple[str, ...], tensors: dict[str, torch.Tensor]) -> Any:
-    if isinstance(tree, torch.Tensor):
-        key = "/".join(path)
-        tensors[key] = tree
-        return {_REF: key}
-    if isinstance(tree, Mapping):
-        return {k: _split(v, (*path, str(k)), tensors) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_split(v, (*path, str(i)), tensors) for i, v in enumerate(tree))
-    return tree
+def _split(section: str, tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """``tree`` (a checkpoint's ``section``) with each tensor moved into ``tensors`` under its
+    DCP key (its path) and replaced by a reference to that key."""
+
+    def refer(path: tuple[str, ...], leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        key = "/".join((section, *path))
+        tensors[key] = leaf
+        return {REF: key}
+
+    return map_with_path(refer, tree)
 
 
-def _is_ref(tree: Any) -> bool:
-    return isinstance(tree, dict) and len(tree) == 1 and _REF in tree
+def is_ref(tree: Any) -> bool:
+    """Whether ``tree`` is a skeleton's reference to a tensor DCP stores."""
+    return isinstance(tree, dict) and len(tree) == 1 and REF in tree
 
 
-def _refs(tree: Any, path: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
+def tensor_refs(tree: Any) -> dict[str, tuple[str, ...]]:
     """Every tensor reference of a skeleton: DCP key -> path in the checkpoint."""
-    if _is_ref(tree):
-        return {tree[_REF]: path}
     found: dict[str, tuple[str, ...]] = {}
-    if isinstance(tree, Mapping):
-        for k, v in tree.items():
-            found.update(_refs(v, (*path, str(k))))
-    elif isinstance(tree, list | tuple):
-        for i, v in enumerate(tree):
-            found.update(_refs(v, (*path, str(i))))
+
+    def note(path: tuple[str, ...], leaf: Any) -> Any:
+        if is_ref(leaf):
+            found[leaf[REF]] = path
+        return leaf
+
+    map_with_path(note, tree, is_leaf=is_ref)
     return found
 
 
 def _fill(tree: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
-    if _is_ref(tree):
-        return tensors[tree[_REF]]
-    if isinstance(tree, Mapping):
-        return {k: _fill(v, tensors) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_fill(v, tensors) for v in tree)
-    return tree
+    def fill(leaf: Any) -> Any:
+        return tensors[leaf[REF]] if is_ref(leaf) else leaf
+
+    return map_leaves(fill, tree, is_leaf=is_ref)
 
 
 class _HashingStream(HashingWriter):
@@ -244,7 +245,7 @@ def save_sharded_checkpoint(
     path = Path(path)
     tensors: dict[str, torch.Tensor] = {}
     skeleton = {
-        k: _split(v, (k,), tensors) if k in _TENSOR_SECTIONS else v for k, v in state.items()
+        k: _split(k, v, tensors) if k in _TENSOR_SECTIONS else v for k, v in state.items()
     }
     writer = _RecordingWriter(path)
     try:
@@ -306,7 +307,7 @@ def read_sharded_meta(
             f"{sorted(os.listdir(path)) if path.is_dir() else 'no directory'}"
         )
     skeleton = load_full_checkpoint(meta_file)
-    refs = _refs(skeleton)
+    refs = tensor_refs(skeleton)
     stored = SafeFileSystemReader(path).read_metadata().state_dict_metadata
     missing = sorted(set(refs) - set(stored))
     if missing:

@@ -40,7 +40,7 @@ from .reader import (
     read_dcp_metadata,
     read_safetensors_header,
 )
-from .sharded import _REF, DCP_METADATA, META_FILE, _is_ref
+from .sharded import DCP_METADATA, META_FILE, tensor_refs
 
 __all__ = ["VerifyReport", "verify_checkpoint"]
 
@@ -217,7 +217,7 @@ def _check_sharded(path: Path, report: VerifyReport, deep: bool, on_bytes: OnByt
     else:
         reader = _check_full(meta, report, deep, on_bytes, name=META_FILE)
         if reader is not None:
-            missing = sorted(_refs_in(reader.skeleton) - set(stored))
+            missing = sorted(set(tensor_refs(reader.skeleton)) - set(stored))
             if missing:
                 report.problems.append(
                     Problem(
@@ -231,19 +231,6 @@ def _check_sharded(path: Path, report: VerifyReport, deep: bool, on_bytes: OnByt
         report.notes.append(f"data files {DCP_METADATA} does not refer to: {unreferenced}")
     if deep:
         _check_dcp_crcs(path, metadata, report, on_bytes)
-
-
-def _refs_in(tree: Any) -> set[str]:
-    found: set[str] = set()
-    if _is_ref(tree):
-        found.add(tree[_REF])
-    elif isinstance(tree, dict):
-        for value in tree.values():
-            found |= _refs_in(value)
-    elif isinstance(tree, list | tuple):
-        for value in tree:
-            found |= _refs_in(value)
-    return found
 
 
 def _check_dcp_crcs(path: Path, metadata: Any, report: VerifyReport, on_bytes: OnBytes | None):

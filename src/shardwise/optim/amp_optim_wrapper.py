@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
+from ..dtypes import parse_dtype
 from ..registry import OPTIM_WRAPPERS
 from .optim_wrapper import OptimWrapper
 
@@ -35,12 +36,8 @@ __all__ = ["AmpOptimWrapper"]
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
+#: The names ``dtype`` may be (mmengine's).
+_VALID_DTYPES = ("float16", "bfloat16", "float32", "float64")
 _AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 _SCALER_KEYS = frozenset(
     name
@@ -58,16 +55,11 @@ def _device_type(tensor: torch.Tensor) -> str:
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None, device_type: str) -> torch.dtype:
+    """``dtype`` (float16 or bfloat16 autocast; float32/float64 turn autocasting off), or
+    the device's default: float16 on CUDA, bfloat16 on the CPU."""
     if dtype is None:
         return torch.float16 if device_type == "cuda" else torch.bfloat16
-    if isinstance(dtype, str) and dtype in _DTYPES:
-        return _DTYPES[dtype]
-    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
-        return dtype
-    raise ValueError(
-        f"dtype must be None, one of {list(_DTYPES)} or the torch.dtype of one, got "
-        f"{dtype!r}; mixed precision autocasts to float16 or bfloat16"
-    )
+    return parse_dtype(dtype, "AmpOptimWrapper dtype", names=_VALID_DTYPES)
 
 
 def _check_loss_scale(loss_scale: Any) -> None:
@@ -123,7 +115,7 @@ class AmpOptimWrapper(OptimWrapper):
     """
 
     #: the dtype names ``dtype`` accepts (mmengine's attribute).
-    valid_dtypes = tuple(_DTYPES)
+    valid_dtypes = _VALID_DTYPES
 
     def __init__(
         self,

@@ -61,6 +61,7 @@ from shardwise.optim import (
 )
 from shardwise.optim.scheduler import _ParamScheduler
 from shardwise.registry import MODELS
+from shardwise.tree import contains
 
 from .matching import optimizer_states_by_name, resume_mismatches, state_dict_diff
 
@@ -315,7 +316,7 @@ class BaseStrategy:
                     "auto_scale_lr is enabled but dispatch_kwargs has no "
                     "'train_micro_batch_size_per_gpu'; pass it to prepare(dispatch_kwargs=...)"
                 )
-            if _contains_built_scheduler(param_scheduler):
+            if contains(_ParamScheduler, param_scheduler):
                 raise RuntimeError(
                     "auto_scale_lr cannot scale the LR of pre-built parameter schedulers: "
                     "they have recorded their initial LR already; pass scheduler configs"
@@ -440,7 +441,7 @@ class BaseStrategy:
         """Scale every LR by ``world_size * batch_per_gpu / base_batch_size`` (linear rule)."""
         if not self._auto_scale_lr or not self._auto_scale_lr.get("enable", False):
             return
-        if _contains_built_scheduler(getattr(self, "param_schedulers", None)):
+        if contains(_ParamScheduler, getattr(self, "param_schedulers", None)):
             raise RuntimeError(
                 "auto_scale_lr must run before parameter schedulers are built: they record "
                 "the initial LR"
@@ -1112,18 +1113,6 @@ def _check_auto_scale_lr(cfg: Mapping[str, Any] | None) -> dict[str, Any] | None
                 "base_batch_size=256)"
             )
     return cfg
-
-
-def _contains_built_scheduler(schedulers: Any) -> bool:
-    if isinstance(schedulers, _ParamScheduler):
-        return True
-    if isinstance(schedulers, Mapping):
-        return "type" not in schedulers and any(
-            _contains_built_scheduler(s) for s in schedulers.values()
-        )
-    if isinstance(schedulers, list | tuple):
-        return any(_contains_built_scheduler(s) for s in schedulers)
-    return False
 
 
 def _has_persistent_buffers(model: nn.Module) -> bool:

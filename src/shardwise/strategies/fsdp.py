@@ -54,6 +54,7 @@ from shardwise.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from shardwise.optim.scheduler import _ParamScheduler
 from shardwise.optim.scheduler.param_scheduler import unwrap_optimizer, watch_first_step
 from shardwise.registry import MODEL_WRAPPERS, STRATEGIES
+from shardwise.tree import contains, map_tensors
 
 from .base import BaseStrategy
 from .fsdp_config import (
@@ -203,26 +204,6 @@ def _prebuilt_optimizers(optim_wrapper: Any) -> list[torch.optim.Optimizer]:
 
 def _is_amp(cfg: Mapping[str, Any]) -> bool:
     return cfg.get("type") in ("AmpOptimWrapper", AmpOptimWrapper)
-
-
-def _contains_dtensor(tree: Any) -> bool:
-    if isinstance(tree, DTensor):
-        return True
-    if isinstance(tree, Mapping):
-        return any(_contains_dtensor(v) for v in tree.values())
-    if isinstance(tree, list | tuple):
-        return any(_contains_dtensor(v) for v in tree)
-    return False
-
-
-def _map_tensors(tree: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return fn(tree)
-    if isinstance(tree, Mapping):
-        return {k: _map_tensors(v, fn) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_map_tensors(v, fn) for v in tree)
-    return tree
 
 
 class _TensorSpec:
@@ -545,7 +526,7 @@ class FSDPStrategy(BaseStrategy):
 
     def _offload(self, state: Any) -> Any:
         if self._state_dict.format == "full" and self._state_dict.offload_to_cpu:
-            return _map_tensors(state, lambda t: t.cpu())
+            return map_tensors(lambda t: t.cpu(), state)
         return state
 
     def model_state_dict(self) -> dict[str, Any]:
@@ -561,7 +542,7 @@ class FSDPStrategy(BaseStrategy):
     def _load_options(state: Any, **overrides: Any) -> StateDictOptions:
         """DTensors load shard to shard; full tensors are taken from rank 0 (the others may
         hold placeholders)."""
-        if _contains_dtensor(state):
+        if contains(DTensor, state):
             return StateDictOptions(full_state_dict=False, **overrides)
         return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, **overrides)
 
@@ -587,7 +568,7 @@ class FSDPStrategy(BaseStrategy):
             return [save_local_checkpoint(state, staging, self.rank)]
         if self.rank != 0:
             return []
-        return [save_full_checkpoint(_map_tensors(state, lambda t: t.cpu()), staging)]
+        return [save_full_checkpoint(map_tensors(lambda t: t.cpu(), state), staging)]
 
     def _read_checkpoint(self, filename: Any, map_location: Any, verify: bool | None) -> dict:
         """Read any format onto the sharded model: a full checkpoint is read by rank 0 only
@@ -674,7 +655,7 @@ class FSDPStrategy(BaseStrategy):
         skeleton = self._on_rank0(read)
         if self.rank == 0:
             return checkpoint
-        return _map_specs(skeleton, lambda spec: spec.placeholder())
+        return map_tensors(lambda spec: spec.placeholder(), skeleton, kind=_TensorSpec)
 
     def _shard_factory(self) -> Callable[[tuple[str, ...], torch.Size, torch.dtype], torch.Tensor]:
         """Where each stored tensor of a sharded checkpoint goes: a DTensor laid out like the
@@ -782,19 +763,9 @@ def _skeleton(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     if checkpoint and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
         return {k: _TensorSpec(v) for k, v in checkpoint.items()}
     return {
-        k: _map_tensors(v, _TensorSpec) if k in ("state_dict", "optimizer") else v
+        k: map_tensors(_TensorSpec, v) if k in ("state_dict", "optimizer") else v
         for k, v in checkpoint.items()
     }
-
-
-def _map_specs(tree: Any, fn: Callable[[_TensorSpec], Any]) -> Any:
-    if isinstance(tree, _TensorSpec):
-        return fn(tree)
-    if isinstance(tree, Mapping):
-        return {k: _map_specs(v, fn) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_map_specs(v, fn) for v in tree)
-    return tree
 
 
 def _map_optimizer_states(optim_state: Any, fn: Callable[[str, Any], Any]) -> Any:

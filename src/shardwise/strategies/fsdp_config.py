@@ -47,6 +47,7 @@ from torch.distributed.fsdp.fully_sharded_data_parallel import (
     StateDictConfig,
 )
 
+from shardwise.dtypes import parse_dtype
 from shardwise.registry import FUNCTIONS
 
 __all__ = [
@@ -58,7 +59,6 @@ __all__ = [
     "StateDictSettings",
     "WrapPolicy",
     "parse_activation_checkpointing",
-    "parse_dtype",
     "parse_model_wrapper",
     "parse_state_dict_cfg",
     "parse_wrap_policy",
@@ -95,21 +95,6 @@ SHARDING_STRATEGIES = (
     "NO_SHARD",
 )
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float64": torch.float64,
-    "fp64": torch.float64,
-    "double": torch.float64,
-}
-
-
 def _example(key: str) -> str:
     examples = {
         "sharding_strategy": "sharding_strategy='FULL_SHARD'",
@@ -119,24 +104,6 @@ def _example(key: str) -> str:
         "auto_wrap_policy=dict(min_num_params=1e7)",
     }
     return examples.get(key, "")
-
-
-def parse_dtype(value: Any, what: str) -> torch.dtype | None:
-    """A ``torch.dtype`` from a dtype, a name (``'bf16'``, ``'float32'``, ``'torch.float16'``)
-    or None."""
-    if value is None or isinstance(value, torch.dtype):
-        return value
-    if isinstance(value, str):
-        name = value.removeprefix("torch.").lower()
-        if name in _DTYPES:
-            return _DTYPES[name]
-        raise ValueError(
-            f"{what}={value!r} is not a dtype name; use one of {sorted(_DTYPES)} or a torch.dtype"
-        )
-    raise TypeError(
-        f"{what} must be a torch.dtype, a dtype name such as 'bf16' or None, got "
-        f"{type(value).__name__}: {value!r}"
-    )
 
 
 # ---------------------------------------------------------------------------- wrap policies
