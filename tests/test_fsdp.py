@@ -266,7 +266,7 @@ def test_state_dict_config_must_fit_the_state_dict_type(tmp_path):
         (
             dict(model_wrapper=dict(auto_wrap_policy=42)),
             TypeError,
-            "auto_wrap_policy must be None, module classes",
+            "auto_wrap_policy must be module classes or class names",
         ),
         (
             dict(model_wrapper=dict(replicate_size=2)),
@@ -685,3 +685,34 @@ def test_prebuilt_optimizer_and_scheduler_are_rebuilt_over_the_shards_and_kept(t
     assert out["lrs"][0] == [pytest.approx(0.05 * (i + 1)) for i in range(4)]
     assert out["lrs"][1] == [pytest.approx(0.1 * (i + 1)) for i in range(4)]
     assert out["state"] == [1, 1, 1, 1]  # momentum buffers live on the rebuilt optimizer
+
+
+def test_wrap_policy_and_activation_checkpointing_select_modules_the_same_ways():
+    from shardwise.registry import FUNCTIONS
+    from shardwise.strategies.fsdp_config import (
+        parse_activation_checkpointing,
+        parse_module_selector,
+        parse_wrap_policy,
+    )
+
+    @FUNCTIONS.register_module(name="selects_blocks_for_test", force=True)
+    def selects_blocks(module, kind=Block):
+        return isinstance(module, kind)
+
+    block, head = Block(16), nn.Linear(2, 2)
+    for value in (
+        "Block",
+        Block,
+        {"Block"},
+        [Block],
+        "selects_blocks_for_test",
+        dict(type="selects_blocks_for_test", kind=Block),
+        selects_blocks,
+    ):
+        selector = parse_module_selector(value, "test")
+        check_fn = parse_activation_checkpointing(dict(check_fn=value)).check_fn
+        policy = parse_wrap_policy(value)
+        for module, expected in ((block, True), (head, False)):
+            assert bool(selector(module)) is expected, value
+            assert bool(check_fn(module)) is expected, value
+            assert policy(module, False, 0) is expected, value

@@ -23,7 +23,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,7 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Mo
         policy = parse_wrap_policy(set(no_split), "_no_split_modules")
     modules = select_modules_to_shard(model, policy, config.ignored_modules)
     if named:
-        _warn_if_policy_misses(model, policy, modules)
+        _warn_if_selection_misses(model, policy, modules, "auto_wrap_policy")
     if config.buffer_dtype is not None:
         for buffer in model.buffers():
             if buffer.is_floating_point():
@@ -131,22 +131,27 @@ def fully_shard_model(module: nn.Module, *, mesh: DeviceMesh, **model_wrapper: A
     return shard_model(module, mesh, parse_model_wrapper(model_wrapper))
 
 
-def _warn_if_policy_misses(model: nn.Module, policy: Any, modules: list[nn.Module]) -> None:
+def _warn_if_selection_misses(
+    model: nn.Module, selector: Any, selected: Sequence[nn.Module], what: str
+) -> None:
+    """Warn when ``selector`` (a wrap policy or a module selector) names module classes the
+    model does not have, or selects nothing."""
     present = sorted({type(m).__name__ for m in model.modules()})
-    classes, names = getattr(policy, "module_classes", ((), frozenset()))
+    classes, names = getattr(selector, "module_classes", ((), frozenset()))
     missing = [c.__name__ for c in classes if not any(isinstance(m, c) for m in model.modules())]
     missing += sorted(n for n in names if n not in present)
     if missing:
         logger.warning(
-            "auto_wrap_policy names %s, which match no module of %s; its module classes are %s",
+            "%s names %s, which match no module of %s; its module classes are %s",
+            what,
             missing,
             type(model).__name__,
             present,
         )
-    elif not modules:
+    elif not selected:
         logger.warning(
-            "auto_wrap_policy selected no submodule of %s, so only the root is sharded (every "
-            "parameter is gathered at once); its module classes are %s",
+            "%s selected no submodule of %s; its module classes are %s",
+            what,
             type(model).__name__,
             present,
         )
@@ -381,6 +386,8 @@ class FSDPStrategy(BaseStrategy):
         self.mesh = self._build_mesh()
         if self._activation_checkpointing is not None:
             ac = self._activation_checkpointing
+            chosen = [m for m in model.modules() if m is not model and ac.check_fn(m)]
+            _warn_if_selection_misses(model, ac.check_fn, chosen, "activation_checkpointing")
             model = apply_activation_checkpointing(model, ac.check_fn, ac.wrapper_kwargs)
         if self._sharder_cfg is None:
             model = shard_model(model, self.mesh, self._fsdp_config)

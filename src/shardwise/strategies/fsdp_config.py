@@ -57,10 +57,12 @@ __all__ = [
     "ActivationCheckpointing",
     "FSDPConfig",
     "StateDictSettings",
+    "ModuleSelector",
     "WrapPolicy",
     "parse_activation_checkpointing",
     "parse_model_wrapper",
     "parse_state_dict_cfg",
+    "parse_module_selector",
     "parse_wrap_policy",
 ]
 
@@ -106,48 +108,8 @@ def _example(key: str) -> str:
     return examples.get(key, "")
 
 
-# ---------------------------------------------------------------------------- wrap policies
-def _class_policy(classes: tuple[type, ...], names: frozenset[str]) -> WrapPolicy:
-    def policy(module: nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
-        return recurse or isinstance(module, classes) or type(module).__name__ in names
-
-    policy.module_classes = (classes, names)  # type: ignore[attr-defined]
-    return policy
-
-
-def _size_policy(min_num_params: int) -> WrapPolicy:
-    def policy(module: nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
-        return nonwrapped_numel >= min_num_params
-
-    return policy
-
-
-def _predicate_policy(predicate: Callable[[nn.Module], bool]) -> WrapPolicy:
-    def policy(module: nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
-        return recurse or bool(predicate(module))
-
-    return policy
-
-
-def _accepts_positional(fn: Callable[..., Any], count: int) -> bool:
-    try:
-        inspect.signature(fn).bind(*([None] * count))
-    except TypeError:
-        return False
-    except ValueError:  # no signature (a builtin): assume it does
-        return True
-    return True
-
-
-def _policy_from_callable(fn: Callable[..., Any], what: str) -> WrapPolicy:
-    if _accepts_positional(fn, 3):
-        return fn  # FSDP1's (module, recurse, nonwrapped_numel)
-    if _accepts_positional(fn, 1):
-        return _predicate_policy(fn)
-    raise TypeError(
-        f"{what} {fn!r} must take (module, recurse, nonwrapped_numel) as FSDP1's auto-wrap "
-        "policies do, or (module) and return whether that module gets its own fully_shard"
-    )
+# ---------------------------------------------------------------------------- module selectors
+ModuleSelector = Callable[[nn.Module], bool]
 
 
 def _classes_and_names(items: Iterable[Any], what: str) -> tuple[tuple[type, ...], frozenset[str]]:
@@ -165,45 +127,107 @@ def _classes_and_names(items: Iterable[Any], what: str) -> tuple[tuple[type, ...
     return tuple(classes), frozenset(names)
 
 
+def _class_selector(classes: tuple[type, ...], names: frozenset[str]) -> ModuleSelector:
+    def selects(module: nn.Module) -> bool:
+        return isinstance(module, classes) or type(module).__name__ in names
+
+    selects.module_classes = (classes, names)  # type: ignore[attr-defined]
+    return selects
+
+
+def parse_module_selector(value: Any, what: str) -> ModuleSelector:
+    """Which modules a setting selects (``auto_wrap_policy``, ``activation_checkpointing``'s
+    ``check_fn``), as a predicate ``(module) -> bool``.
+
+    Accepted: a module class or class name, or a set/list/tuple of them (the predicate then
+    has ``module_classes = (classes, names)``); the name of a function in ``FUNCTIONS`` (a
+    string that names one is taken as that function, else as a class name); ``dict(type=...,
+    **kwargs)``: a function in ``FUNCTIONS`` or a dotted path, bound to ``kwargs``; a callable.
+    """
+    if isinstance(value, str):
+        found = FUNCTIONS.get(value)  # a registered name or a dotted path
+        if callable(found) and not isinstance(found, type):
+            return found
+        if isinstance(found, type) and issubclass(found, nn.Module):
+            value = found
+    if isinstance(value, str) or (isinstance(value, type) and issubclass(value, nn.Module)):
+        return _class_selector(*_classes_and_names([value], what))
+    if isinstance(value, set | frozenset | list | tuple):
+        return _class_selector(*_classes_and_names(value, what))
+    if isinstance(value, Mapping) and "type" in value:
+        cfg = dict(value)
+        fn = FUNCTIONS.resolve(cfg.pop("type"))
+        return functools.partial(fn, **cfg) if cfg else fn
+    if callable(value):
+        return value
+    raise TypeError(
+        f"{what} must be module classes or class names, a function (registered name, "
+        f"dict(type=...) or a callable), got {type(value).__name__}: {value!r}"
+    )
+
+
+def _accepts_positional(fn: Callable[..., Any], count: int) -> bool:
+    try:
+        inspect.signature(fn).bind(*([None] * count))
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin): assume it does
+        return True
+    return True
+
+
+# ---------------------------------------------------------------------------- wrap policies
+def _size_policy(min_num_params: int) -> WrapPolicy:
+    def policy(module: nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
+        return nonwrapped_numel >= min_num_params
+
+    return policy
+
+
+def _selector_policy(selects: ModuleSelector) -> WrapPolicy:
+    def policy(module: nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
+        return recurse or bool(selects(module))
+
+    if hasattr(selects, "module_classes"):
+        policy.module_classes = selects.module_classes  # type: ignore[attr-defined]
+    return policy
+
+
 def parse_wrap_policy(value: Any, what: str = "auto_wrap_policy") -> WrapPolicy | None:
     """Normalise an ``auto_wrap_policy`` to FSDP1's callable signature (:data:`WrapPolicy`).
 
-    Accepted: None; a module class or class name, or a set/list/tuple of them; a callable with
-    FSDP1's ``(module, recurse, nonwrapped_numel)`` signature or a one-argument predicate
-    ``(module) -> bool``; ``dict(type=..., **kwargs)`` naming a function in ``FUNCTIONS`` (or a
-    dotted import path), bound to ``kwargs``; ``dict(min_num_params=N)``: every module holding
-    at least ``N`` parameters not already sharded in a submodule.
+    Accepted: None; whatever :func:`parse_module_selector` accepts; a callable with FSDP1's
+    ``(module, recurse, nonwrapped_numel)`` signature; ``dict(min_num_params=N)``: every
+    module holding at least ``N`` parameters not already sharded in a submodule.
     """
     if value is None:
         return None
-    if isinstance(value, str) or (isinstance(value, type) and issubclass(value, nn.Module)):
-        return _class_policy(*_classes_and_names([value], what))
-    if isinstance(value, set | frozenset | list | tuple):
-        return _class_policy(*_classes_and_names(value, what))
-    if isinstance(value, Mapping):
-        cfg = dict(value)
-        if "type" not in cfg:
-            if set(cfg) != {"min_num_params"}:
-                raise ValueError(
-                    f"{what}={value!r}: a dict needs 'type' (a function in the FUNCTIONS "
-                    "registry or a dotted path, with its keyword arguments) or only "
-                    f"'min_num_params'; e.g. {_example('auto_wrap_policy')}"
-                )
-            threshold = cfg["min_num_params"]
-            if isinstance(threshold, bool) or not isinstance(threshold, int | float):
-                raise TypeError(f"{what} min_num_params must be a number, got {threshold!r}")
-            if threshold <= 0:
-                raise ValueError(f"{what} min_num_params must be positive, got {threshold}")
-            return _size_policy(int(threshold))
-        fn = FUNCTIONS.resolve(cfg.pop("type"))
-        return _policy_from_callable(functools.partial(fn, **cfg) if cfg else fn, what)
-    if callable(value):
-        return _policy_from_callable(value, what)
-    raise TypeError(
-        f"{what} must be None, module classes or class names, a callable, dict(type=...) or "
-        f"dict(min_num_params=N), got {type(value).__name__}: {value!r}; "
-        f"e.g. {_example('auto_wrap_policy')}"
-    )
+    if isinstance(value, Mapping) and "type" not in value:
+        if set(value) != {"min_num_params"}:
+            raise ValueError(
+                f"{what}={value!r}: a dict needs 'type' (a function in the FUNCTIONS "
+                "registry or a dotted path, with its keyword arguments) or only "
+                f"'min_num_params'; e.g. {_example('auto_wrap_policy')}"
+            )
+        threshold = value["min_num_params"]
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            raise TypeError(f"{what} min_num_params must be a number, got {threshold!r}")
+        if threshold <= 0:
+            raise ValueError(f"{what} min_num_params must be positive, got {threshold}")
+        return _size_policy(int(threshold))
+    try:
+        selects = parse_module_selector(value, what)
+    except TypeError as exc:
+        raise TypeError(f"{exc}; or dict(min_num_params=N); e.g. {_example(what)}") from None
+    if hasattr(selects, "module_classes") or not _accepts_positional(selects, 3):
+        if not _accepts_positional(selects, 1):
+            raise TypeError(
+                f"{what} {selects!r} must take (module, recurse, nonwrapped_numel) as FSDP1's "
+                "auto-wrap policies do, or (module) and return whether that module gets its "
+                "own fully_shard"
+            )
+        return _selector_policy(selects)
+    return selects  # FSDP1's (module, recurse, nonwrapped_numel)
 
 
 # ---------------------------------------------------------------------------- model_wrapper
@@ -548,33 +572,6 @@ class ActivationCheckpointing:
     wrapper_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
-def _check_fn(value: Any) -> Callable[[nn.Module], bool]:
-    if isinstance(value, str):
-        return FUNCTIONS.resolve(value)
-    if isinstance(value, Mapping):
-        cfg = dict(value)
-        if "type" not in cfg:
-            raise ValueError(
-                f"activation_checkpointing check_fn={value!r} needs a 'type' (a function in "
-                "FUNCTIONS or a dotted path)"
-            )
-        fn = FUNCTIONS.resolve(cfg.pop("type"))
-        return functools.partial(fn, **cfg) if cfg else fn
-    if isinstance(value, set | frozenset | list | tuple) or (
-        isinstance(value, type) and issubclass(value, nn.Module)
-    ):
-        items = [value] if isinstance(value, type) else value
-        classes, names = _classes_and_names(items, "activation_checkpointing check_fn")
-        return lambda m: isinstance(m, classes) or type(m).__name__ in names
-    if callable(value):
-        return value
-    raise TypeError(
-        f"activation_checkpointing check_fn must be a registered function name, "
-        f"dict(type=...), a callable (module) -> bool or a list of module classes, got "
-        f"{type(value).__name__}: {value!r}"
-    )
-
-
 def parse_activation_checkpointing(cfg: Any) -> ActivationCheckpointing | None:
     """Normalise ``activation_checkpointing=dict(check_fn=..., **wrapper_kwargs)``."""
     if cfg is None:
@@ -590,7 +587,7 @@ def parse_activation_checkpointing(cfg: Any) -> ActivationCheckpointing | None:
             f"activation_checkpointing={cfg!r} needs check_fn, which selects the modules to "
             "checkpoint; e.g. activation_checkpointing=dict(check_fn={'TransformerBlock'})"
         )
-    check_fn = _check_fn(kwargs.pop("check_fn"))
+    check_fn = parse_module_selector(kwargs.pop("check_fn"), "activation_checkpointing check_fn")
     impl = kwargs.get("checkpoint_impl")
     if isinstance(impl, str):
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl
