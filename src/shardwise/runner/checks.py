@@ -26,6 +26,7 @@ from shardwise.checkpoint import CheckpointError
 from shardwise.checkpoint.formats import probe_checkpoint
 from shardwise.config import Config
 from shardwise.optim import OptimWrapper
+from shardwise.optim.parts import SINGLE, optim_wrapper_parts
 from shardwise.optim.scheduler.builder import build_param_scheduler
 from shardwise.registry import (
     DATASETS,
@@ -136,8 +137,9 @@ def _check_optim_wrapper(cfg: Any, key: str) -> torch.optim.Optimizer | None:
     a custom constructor)."""
     if not isinstance(cfg, Mapping):
         return None
-    if not any(k in cfg for k in ("optimizer", "constructor", "type")):  # several optimizers
-        for name, sub in cfg.items():
+    parts = optim_wrapper_parts(cfg)
+    if SINGLE not in parts:  # several optimizers
+        for name, sub in parts.items():
             _check_optim_wrapper(sub, f"{key}.{name}")
         return None
     wrapper_type = cfg.get("type", "OptimWrapper")

@@ -59,8 +59,9 @@ from shardwise.optim import (
     build_optim_wrapper,
     build_param_scheduler,
 )
+from shardwise.optim.parts import SINGLE, optim_wrapper_parts, part_optimizer
 from shardwise.optim.scheduler import _ParamScheduler
-from shardwise.registry import MODELS
+from shardwise.registry import MODELS, OPTIM_WRAPPERS
 from shardwise.tree import contains
 
 from .matching import optimizer_states_by_name, resume_mismatches, state_dict_diff
@@ -321,14 +322,17 @@ class BaseStrategy:
                     "auto_scale_lr cannot scale the LR of pre-built parameter schedulers: "
                     "they have recorded their initial LR already; pass scheduler configs"
                 )
-        counts = getattr(optim_wrapper, "_accumulative_counts", None)
-        if isinstance(optim_wrapper, Mapping):
-            counts = optim_wrapper.get("accumulative_counts")
-        if counts not in (None, 1) and "max_iters" not in kwargs:
-            raise ValueError(
-                f"accumulative_counts={counts} needs dispatch_kwargs['max_iters'] to scale the "
-                "last, incomplete accumulation window; pass it to prepare(dispatch_kwargs=...)"
-            )
+        parts = optim_wrapper_parts(optim_wrapper) if optim_wrapper is not None else {}
+        for part in parts.values():
+            counts = getattr(part, "_accumulative_counts", None)
+            if isinstance(part, Mapping):
+                counts = part.get("accumulative_counts")
+            if counts not in (None, 1) and "max_iters" not in kwargs:
+                raise ValueError(
+                    f"accumulative_counts={counts} needs dispatch_kwargs['max_iters'] to scale "
+                    "the last, incomplete accumulation window; pass it to "
+                    "prepare(dispatch_kwargs=...)"
+                )
 
     def _prepared_components(self) -> Any:
         items: list[Any] = [self.model]
@@ -401,41 +405,14 @@ class BaseStrategy:
         model = unwrap_model(model if model is not None else self.model)
         if isinstance(optim_wrapper, OptimWrapper | OptimWrapperDict):
             return optim_wrapper
-        if isinstance(optim_wrapper, torch.optim.Optimizer):
-            return OptimWrapper(optim_wrapper)
-        if not isinstance(optim_wrapper, Mapping):
-            raise TypeError(
-                "optim_wrapper must be an OptimWrapper, a torch.optim.Optimizer or a config "
-                f"dict, got {type(optim_wrapper).__name__}: {optim_wrapper!r}"
-            )
-        cfg = dict(optim_wrapper)
-        if "optimizer" in cfg or "constructor" in cfg or "type" in cfg:
-            if isinstance(cfg.get("optimizer"), torch.optim.Optimizer):
-                from shardwise.registry import OPTIM_WRAPPERS
-
-                cfg.setdefault("type", "OptimWrapper")
-                return OPTIM_WRAPPERS.build(cfg)
-            return build_optim_wrapper(model, copy.deepcopy(cfg))
-        wrappers = {}
-        for name, sub_cfg in cfg.items():
-            if isinstance(sub_cfg, OptimWrapper):
-                wrappers[name] = sub_cfg
-                continue
-            submodule = getattr(model, name, None)
-            if not isinstance(sub_cfg, Mapping) or not isinstance(submodule, nn.Module):
-                raise ValueError(
-                    f"optim_wrapper key {name!r}: a multi-optimizer dict needs, for each key, an "
-                    "OptimWrapper or a config with 'optimizer' for the submodule of that name; "
-                    f"got {sub_cfg!r} and the model has "
-                    f"{'no' if submodule is None else 'a non-module'} attribute {name!r}"
-                )
-            wrappers[name] = build_optim_wrapper(submodule, copy.deepcopy(dict(sub_cfg)))
-        return OptimWrapperDict(**wrappers)
+        built = {
+            name: _build_wrapper_part(name, part, model)
+            for name, part in optim_wrapper_parts(optim_wrapper).items()
+        }
+        return built[SINGLE] if SINGLE in built else OptimWrapperDict(**built)
 
     def _wrappers(self) -> dict[str, OptimWrapper]:
-        if isinstance(self.optim_wrapper, OptimWrapperDict):
-            return dict(self.optim_wrapper.items())
-        return {"": self.optim_wrapper}
+        return optim_wrapper_parts(self.optim_wrapper)
 
     def _scale_lr(self) -> None:
         """Scale every LR by ``world_size * batch_per_gpu / base_batch_size`` (linear rule)."""
@@ -1063,6 +1040,26 @@ class BaseStrategy:
         if load_from is not None:
             return self.load_checkpoint(load_from)
         return None
+
+
+def _build_wrapper_part(name: str, part: Any, model: nn.Module) -> OptimWrapper:
+    """One optimizer wrapper of :meth:`BaseStrategy.build_optim_wrapper` (``name``: the
+    submodule it optimizes, ``''`` for the whole model)."""
+    if isinstance(part, OptimWrapper):
+        return part
+    if isinstance(part, torch.optim.Optimizer):
+        return OptimWrapper(part)
+    target = model if name == SINGLE else getattr(model, name, None)
+    if not isinstance(part, Mapping) or not isinstance(target, nn.Module):
+        raise ValueError(
+            f"optim_wrapper key {name!r}: a multi-optimizer dict needs, for each key, an "
+            "OptimWrapper or a config with 'optimizer' for the submodule of that name; "
+            f"got {part!r} and the model has "
+            f"{'no' if target is None else 'a non-module'} attribute {name!r}"
+        )
+    if part_optimizer(part) is not None:
+        return OPTIM_WRAPPERS.build({"type": "OptimWrapper", **part})
+    return build_optim_wrapper(target, copy.deepcopy(dict(part)))
 
 
 def _check_flags(**flags: Any) -> None:

@@ -51,6 +51,7 @@ from shardwise.checkpoint.sharded import (
     verification_share,
 )
 from shardwise.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
+from shardwise.optim.parts import SINGLE, optim_wrapper_parts, part_optimizer
 from shardwise.optim.scheduler import _ParamScheduler
 from shardwise.optim.scheduler.param_scheduler import unwrap_optimizer, watch_first_step
 from shardwise.registry import MODEL_WRAPPERS, STRATEGIES
@@ -191,20 +192,6 @@ def rebuild_optimizer(
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.values())
     defaults = {k: v for k, v in optimizer.defaults.items() if takes_all or k in signature}
     return cls(groups, **defaults)
-
-
-def _prebuilt_optimizers(optim_wrapper: Any) -> list[torch.optim.Optimizer]:
-    if isinstance(optim_wrapper, torch.optim.Optimizer):
-        return [optim_wrapper]
-    if isinstance(optim_wrapper, OptimWrapper):
-        return [optim_wrapper.optimizer]
-    if isinstance(optim_wrapper, OptimWrapperDict):
-        return [w.optimizer for w in optim_wrapper.values()]
-    if isinstance(optim_wrapper, Mapping):
-        if isinstance(optim_wrapper.get("optimizer"), torch.optim.Optimizer):
-            return [optim_wrapper["optimizer"]]
-        return [o for v in optim_wrapper.values() for o in _prebuilt_optimizers(v)]
-    return []
 
 
 def _is_amp(cfg: Mapping[str, Any]) -> bool:
@@ -433,7 +420,8 @@ class FSDPStrategy(BaseStrategy):
         dispatch_kwargs: Mapping[str, Any] | None,
     ) -> None:
         super()._check_prepare_args(model, optim_wrapper, param_scheduler, dispatch_kwargs)
-        for optimizer in _prebuilt_optimizers(optim_wrapper):
+        parts = optim_wrapper_parts(optim_wrapper).values() if optim_wrapper is not None else ()
+        for optimizer in filter(None, map(part_optimizer, parts)):
             if optimizer.state:
                 raise ValueError(
                     f"the pre-built {type(optimizer).__name__} already has state for "
@@ -467,27 +455,30 @@ class FSDPStrategy(BaseStrategy):
         return super().build_optim_wrapper(self._rebind_optimizers(optim_wrapper, model), model)
 
     def _rebind_optimizers(self, optim_wrapper: Any, model: nn.Module) -> Any:
-        if isinstance(optim_wrapper, torch.optim.Optimizer):
-            return self._rebuild(optim_wrapper, model)
+        if optim_wrapper is None:
+            return None
+        parts = {
+            name: self._rebind_part(part, model)
+            for name, part in optim_wrapper_parts(optim_wrapper).items()
+        }
         if isinstance(optim_wrapper, OptimWrapperDict):
-            for wrapper in optim_wrapper.values():
-                self._rebind_optimizers(wrapper, model)
-            return optim_wrapper
-        if isinstance(optim_wrapper, OptimWrapper):
-            optim_wrapper.optimizer = self._rebuild(optim_wrapper.optimizer, model)
-            if isinstance(optim_wrapper, AmpOptimWrapper):
-                self._use_sharded_scaler(optim_wrapper)
-            return optim_wrapper
-        if isinstance(optim_wrapper, Mapping):
-            cfg = dict(optim_wrapper)
-            if isinstance(cfg.get("optimizer"), torch.optim.Optimizer):
-                cfg["optimizer"] = self._rebuild(cfg["optimizer"], model)
-            if _is_amp(cfg):
-                cfg.setdefault("use_fsdp", True)
-            if "optimizer" in cfg or "constructor" in cfg or "type" in cfg:
-                return cfg
-            return {k: self._rebind_optimizers(v, model) for k, v in cfg.items()}
-        return optim_wrapper
+            return optim_wrapper  # its wrappers were rebound in place
+        return parts[SINGLE] if SINGLE in parts else parts
+
+    def _rebind_part(self, part: Any, model: nn.Module) -> Any:
+        if isinstance(part, torch.optim.Optimizer):
+            return self._rebuild(part, model)
+        if isinstance(part, OptimWrapper):
+            part.optimizer = self._rebuild(part.optimizer, model)
+            if isinstance(part, AmpOptimWrapper):
+                self._use_sharded_scaler(part)
+            return part
+        cfg = dict(part)
+        if part_optimizer(cfg) is not None:
+            cfg["optimizer"] = self._rebuild(cfg["optimizer"], model)
+        if _is_amp(cfg):
+            cfg.setdefault("use_fsdp", True)
+        return cfg
 
     def _rebuild(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
         current = {clean_name(n): p for n, p in model.named_parameters()}
