@@ -260,8 +260,8 @@ def test_single_device_saves_in_the_background_without_a_process_group(tmp_path)
 
 _EXIT_WITHOUT_WAITING = """
 import os, sys, time
-from shardwise.checkpoint import sharded
-from shardwise.strategies import FSDPStrategy, SingleDeviceStrategy, base
+from shardwise.checkpoint import formats, sharded
+from shardwise.strategies import FSDPStrategy, SingleDeviceStrategy
 from tests.test_fsdp import Block, TinyTransformer, train_lm
 
 rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -281,7 +281,7 @@ def slowed(write):  # still writing when the script's last line has run
 
 if rank == world_size - 1:
     sharded._RecordingWriter.write_data = slowed(sharded._RecordingWriter.write_data)
-    base.save_full_checkpoint = slowed(base.save_full_checkpoint)
+    formats.save_full_checkpoint = slowed(formats.save_full_checkpoint)
 future = strategy.save_checkpoint("at_exit.ckpt", async_save=True)
 print(f"rank {rank} done before exit: {future.done()}", flush=True)
 """

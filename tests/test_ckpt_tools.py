@@ -287,7 +287,7 @@ def test_a_failed_conversion_leaves_nothing_under_the_destination(full_ckpt, tmp
         Path(path).write_bytes(b"half a checkpoint")
         raise OSError("No space left on device")
 
-    monkeypatch.setattr("shardwise.checkpoint.convert.save_full_checkpoint", write_half_then_fail)
+    monkeypatch.setattr("shardwise.checkpoint.formats.save_full_checkpoint", write_half_then_fail)
     with pytest.raises(OSError, match="No space left"):
         convert_checkpoint(full_ckpt, tmp_path / "out.pth", to="full")
     assert os.listdir(tmp_path) == [full_ckpt.parent.name]  # no out.pth, no staging leftovers

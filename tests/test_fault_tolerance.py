@@ -86,7 +86,7 @@ POINTS = {
     "prepare the staging path": ("shardwise.checkpoint.commit:CheckpointCommit", "begin"),
     "write DCP shards": ("shardwise.checkpoint.sharded:_RecordingWriter", "write_data"),
     "write meta.pt": ("shardwise.checkpoint.sharded", "save_full_checkpoint"),
-    "write the full file": ("shardwise.strategies.fsdp", "save_full_checkpoint"),
+    "write the full file": ("shardwise.checkpoint.formats", "save_full_checkpoint"),
     "hash the files written": ("shardwise.checkpoint.commit:CheckpointCommit", "_digests"),
     "agree": ("shardwise.checkpoint.commit:CheckpointCommit", "finish"),
     "record the manifest": ("shardwise.checkpoint.commit", "stage_manifest"),

@@ -148,7 +148,7 @@ def test_each_format_has_its_layout_on_disk(two_ranks):
         "meta.pt",
     ]
     assert layouts["local"] == ["manifest.json", "rank0.pth", "rank1.pth"]
-    assert {fmt: detect_format(work_dir / f"{fmt}.ckpt") for fmt in FORMATS} == {
+    assert {fmt: detect_format(work_dir / f"{fmt}.ckpt").name for fmt in FORMATS} == {
         fmt: fmt for fmt in FORMATS
     }
     assert results[0]["last_checkpoint"] == str(work_dir / "local.ckpt")

@@ -139,15 +139,15 @@ def _save_on_two_ranks(work_dir):
     strategy.save_checkpoint("ddp2.ckpt")
     out["ddp2"] = _snapshot(strategy, model, wrapper)
 
-    import shardwise.strategies.fsdp as fsdp_module
+    import shardwise.checkpoint.formats as formats_module
 
     reads = []
-    original = fsdp_module.load_full_checkpoint
-    fsdp_module.load_full_checkpoint = lambda *a, **k: reads.append(a[0]) or original(*a, **k)
+    original = formats_module.load_full_checkpoint
+    formats_module.load_full_checkpoint = lambda *a, **k: reads.append(a[0]) or original(*a, **k)
     strategy, model, wrapper = _fsdp(work_dir)
     out["fsdp2_from_ddp2"] = _resume(strategy, model, wrapper, "ddp2.ckpt")
     out["full_reads"] = len(reads)
-    fsdp_module.load_full_checkpoint = original
+    formats_module.load_full_checkpoint = original
     return out
 
 

@@ -113,10 +113,11 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from .convert import convert_checkpoint
+    from .convert import TARGETS, convert_checkpoint
     from .files import CheckpointError
+    from .formats import SAFETENSORS
 
-    if args.to == "safetensors" and not args.model_only:
+    if TARGETS[args.to] is SAFETENSORS and not args.model_only:
         print("note: a safetensors file holds the model weights only", file=sys.stderr)
     try:
         dst = convert_checkpoint(

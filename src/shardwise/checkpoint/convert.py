@@ -36,7 +36,7 @@ import torch.distributed as torch_dist
 from ..dtypes import parse_dtype
 from .commit import CheckpointCommit, check_replaceable
 from .files import CheckpointError
-from .full import save_full_checkpoint
+from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat
 from .manifest import check_checksums
 from .reader import (
     MODEL,
@@ -47,14 +47,13 @@ from .reader import (
     open_checkpoint,
 )
 from .safetensors_export import export_safetensors, safetensors_header
-from .sharded import save_sharded_checkpoint
 
 __all__ = ["CAST_DTYPES", "TARGETS", "convert_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
-#: The formats :func:`convert_checkpoint` writes.
-TARGETS = ("full", "sharded", "safetensors")
+#: The formats :func:`convert_checkpoint` writes, by name.
+TARGETS = {fmt.name: fmt for fmt in (FULL, SHARDED, SAFETENSORS)}
 #: The dtype names ``dtype`` may cast model weights to (``--dtype bf16|fp16|fp32``).
 CAST_DTYPES = ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32")
 _KEPT_BY_MODEL_ONLY = (MODEL, "meta")
@@ -102,7 +101,7 @@ def _converted_meta(reader: CheckpointReader, meta: Any, **record: Any) -> dict[
     meta = dict(meta) if isinstance(meta, dict) else {}
     meta["converted_from"] = dict(
         path=str(reader.path.absolute()),
-        format=reader.format,
+        format=reader.format.name,
         time=time.strftime("%Y-%m-%d %H:%M:%S"),
         **record,
     )
@@ -112,7 +111,7 @@ def _converted_meta(reader: CheckpointReader, meta: Any, **record: Any) -> dict[
 def _safetensors_metadata(reader: CheckpointReader, dtype: torch.dtype | None) -> dict[str, str]:
     """String metadata for the safetensors header: what a serving stack or a reader of the
     file wants to know about where the weights came from."""
-    metadata = {"format": "pt", "source_format": reader.format}
+    metadata = {"format": "pt", "source_format": reader.format.name}
     for key in ("shardwise_version", "strategy", "world_size", "seed", "epoch", "iter", "step"):
         value = reader.meta.get(key)
         if isinstance(value, str | int | float) and not isinstance(value, bool):
@@ -154,13 +153,10 @@ def _load_state(
     return state
 
 
-def _write(state: dict[str, Any], staging: Path, to: str) -> None:
-    if to == "full":
-        save_full_checkpoint(state, staging)
-        return
+def _write(state: dict[str, Any], staging: Path, target: CheckpointFormat) -> None:
     with warnings.catch_warnings():  # one process without a process group: intended
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        save_sharded_checkpoint(state, staging)
+        target.write(state, staging, rank=0)
 
 
 def convert_checkpoint(
@@ -202,7 +198,8 @@ def convert_checkpoint(
             f"rank {torch_dist.get_rank()} of {torch_dist.get_world_size()}. Run "
             "`shardwise ckpt convert` outside the training job"
         )
-    if to not in TARGETS:
+    target = TARGETS.get(to)
+    if target is None:
         raise ValueError(
             f"to={to!r} is not a format convert writes; use one of {', '.join(TARGETS)}"
         )
@@ -217,13 +214,13 @@ def convert_checkpoint(
     if verify_checksums:
         check_checksums(src)
     reader = open_checkpoint(src)
-    if reader.format == "local":
+    if reader.format is LOCAL:
         raise local_checkpoint_error(src)
-    if to == "safetensors":  # checks every tensor can be stored before anything is written
+    if target is SAFETENSORS:  # checks every tensor can be stored before anything is written
         metadata = _safetensors_metadata(reader, cast_to)
         safetensors_header(reader.tensors(MODEL), dtype=cast_to, metadata=metadata)
     tree = reader.skeleton
-    if model_only or to == "safetensors":
+    if model_only or target is SAFETENSORS:
         tree = {k: v for k, v in tree.items() if k in _KEPT_BY_MODEL_ONLY}
     start = time.perf_counter()
     bar = _progress(_nbytes(tree), f"{to} {dst.name}", progress)
@@ -232,8 +229,8 @@ def convert_checkpoint(
         bar.update(info.nbytes)
 
     try:
-        with bar, CheckpointCommit(dst, is_dir=to == "sharded") as staging:
-            if to == "safetensors":
+        with bar, CheckpointCommit(dst, is_dir=target.is_dir) as staging:
+            if target is SAFETENSORS:
                 export_safetensors(
                     reader, staging, dtype=cast_to, metadata=metadata, on_tensor=on_tensor
                 )
@@ -245,8 +242,8 @@ def convert_checkpoint(
                     dtype=None if cast_to is None else str(cast_to).removeprefix("torch."),
                     model_only=model_only,
                 )
-                state["meta"]["format"] = to
-                _write(state, staging, to)
+                state["meta"]["format"] = target.name
+                _write(state, staging, target)
                 del state
     except CheckpointError as exc:
         if isinstance(exc.__context__, Exception):  # the staging files are gone: say why

@@ -95,7 +95,10 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         world_size = int(world_size)
     summary: dict[str, Any] = dict(
         path=str(path.absolute()),
-        format=reader.format,
+        format=reader.format.name,
+        layout=reader.format.layout(
+            len(files), len(reader.ranks) if isinstance(reader, LocalReader) else 1
+        ),
         files=files,
         size=sum(f["size"] for f in files),
         manifest=manifest_path(path).is_file(),
@@ -134,16 +137,9 @@ def _size(nbytes: int) -> str:
 
 def format_inspection(summary: dict[str, Any]) -> str:
     """:func:`inspect_checkpoint`'s summary as text for a terminal."""
-    files = summary["files"]
-    layout = {
-        "full": "one torch.save file",
-        "sharded": f"DCP directory, {len(files)} files",
-        "local": f"directory of {len(summary.get('ranks', []))} rank files",
-        "safetensors": "safetensors file",
-    }[summary["format"]]
     lines = [
         f"checkpoint  {summary['path']}",
-        f"format      {summary['format']} ({layout}, {_size(summary['size'])}"
+        f"format      {summary['format']} ({summary['layout']}, {_size(summary['size'])}"
         + (", with manifest)" if summary["manifest"] else ", no manifest)"),
     ]
     saved_by = [

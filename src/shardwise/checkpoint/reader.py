@@ -37,7 +37,7 @@ import torch.distributed.checkpoint as dcp
 
 from ..tree import map_with_path
 from .files import CheckpointError
-from .formats import detect_format
+from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat, detect_format
 from .full import load_full_checkpoint
 from .local import local_ranks, rank_file
 from .safe_dcp import SafeFileSystemReader
@@ -147,12 +147,13 @@ class CheckpointReader:
 
     Attributes:
         path: the checkpoint (file or directory).
-        format: ``'full'``, ``'sharded'``, ``'local'`` or ``'safetensors'``.
+        format: the :class:`~shardwise.checkpoint.formats.CheckpointFormat` (``FULL``,
+            ``SHARDED``, ``LOCAL`` or ``SAFETENSORS``).
         skeleton: the checkpoint dict with a :class:`TensorInfo` in place of each tensor.
         files: the files that make up the checkpoint, relative to ``path`` for a directory.
     """
 
-    format: str = ""
+    format: CheckpointFormat
 
     def __init__(self, path: Path, skeleton: dict[str, Any], files: list[str]) -> None:
         self.path = path
@@ -203,7 +204,7 @@ class FullReader(CheckpointReader):
     """A ``torch.save`` file: the pickle is read with every tensor on the meta device, which
     records each storage's byte offset in the file; :meth:`read` reads those bytes only."""
 
-    format = "full"
+    format = FULL
 
     def __init__(self, path: Path) -> None:
         self._stored: dict[str, torch.Tensor] = {}
@@ -315,7 +316,7 @@ class ShardedReader(CheckpointReader):
     """A DCP directory: shapes and dtypes from ``.metadata``, the rest from ``meta.pt``;
     :meth:`read` loads one tensor with DCP (no process group), gathering its chunks."""
 
-    format = "sharded"
+    format = SHARDED
 
     def __init__(self, path: Path) -> None:
         if not (path / META_FILE).is_file():
@@ -404,7 +405,7 @@ class LocalReader(CheckpointReader):
     """A directory of ``rank{i}.pth``: each rank's file is a :class:`FullReader` (its tensors
     are that rank's shards); the skeleton and tensors are rank 0's."""
 
-    format = "local"
+    format = LOCAL
 
     def __init__(self, path: Path) -> None:
         self.ranks = {rank: FullReader(rank_file(path, rank)) for rank in local_ranks(path)}
@@ -456,7 +457,7 @@ class SafetensorsReader(CheckpointReader):
     """A ``.safetensors`` file: the model weights under ``state_dict``, its string
     metadata under ``meta``."""
 
-    format = "safetensors"
+    format = SAFETENSORS
 
     def __init__(self, path: Path) -> None:
         header, self._start = read_safetensors_header(path)
@@ -488,12 +489,10 @@ class SafetensorsReader(CheckpointReader):
 
 
 # ----------------------------------------------------------------------------- open
-def checkpoint_format(path: str | os.PathLike[str]) -> str:
-    """:func:`~shardwise.checkpoint.formats.detect_format`, plus ``'safetensors'``."""
+def checkpoint_format(path: str | os.PathLike[str]) -> CheckpointFormat:
+    """:func:`~shardwise.checkpoint.formats.detect_format`, plus :data:`SAFETENSORS`."""
     fmt = detect_format(path)
-    if fmt == "full" and is_safetensors_file(path):
-        return "safetensors"
-    return fmt
+    return SAFETENSORS if fmt is FULL and is_safetensors_file(path) else fmt
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> CheckpointReader:
@@ -505,7 +504,6 @@ def open_checkpoint(path: str | os.PathLike[str]) -> CheckpointReader:
         CheckpointError: it is not a checkpoint, or is damaged.
     """
     path = Path(path)
-    readers = dict(
-        full=FullReader, sharded=ShardedReader, local=LocalReader, safetensors=SafetensorsReader
-    )
-    return readers[checkpoint_format(path)](path)
+    fmt = checkpoint_format(path)
+    readers = (FullReader, ShardedReader, LocalReader, SafetensorsReader)
+    return next(reader for reader in readers if reader.format is fmt)(path)

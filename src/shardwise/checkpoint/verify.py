@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import CheckpointError
+from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat
 from .local import local_ranks, rank_file
 from .manifest import OnBytes, Problem, manifest_path, read_manifest, verify_manifest
 from .reader import (
@@ -53,7 +54,7 @@ class VerifyReport:
 
     Attributes:
         path: the checkpoint.
-        format: ``'full'``, ``'sharded'``, ``'local'``, ``'safetensors'``, or None when it
+        format: the :class:`~shardwise.checkpoint.formats.CheckpointFormat`, or None when it
             could not be told.
         manifest: the manifest checked against, or None when the checkpoint has none.
         problems: everything wrong, each naming its file; empty when the checkpoint is good.
@@ -61,7 +62,7 @@ class VerifyReport:
     """
 
     path: Path
-    format: str | None = None
+    format: CheckpointFormat | None = None
     manifest: Path | None = None
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -107,9 +108,12 @@ def verify_checkpoint(
     # with a manifest whose checksums match, the data is what was saved: no need to read
     # it all again for the CRCs
     deep = report.manifest is None
-    checks = dict(
-        full=_check_full, sharded=_check_sharded, local=_check_local, safetensors=_check_safetensors
-    )
+    checks = {
+        FULL: _check_full,
+        SHARDED: _check_sharded,
+        LOCAL: _check_local,
+        SAFETENSORS: _check_safetensors,
+    }
     checks[report.format](path, report, deep, on_bytes)
     return report
 

@@ -40,8 +40,8 @@ import shardwise
 from shardwise import dist
 from shardwise.checkpoint import CheckpointCommit, CheckpointError, find_last_checkpoint
 from shardwise.checkpoint.async_save import AsyncCheckpointer
-from shardwise.checkpoint.formats import read_checkpoint
-from shardwise.checkpoint.full import WrittenFile, save_full_checkpoint
+from shardwise.checkpoint.formats import FULL, CheckpointFormat, read_checkpoint
+from shardwise.checkpoint.full import WrittenFile
 from shardwise.checkpoint.retention import Retention, check_max_keep_ckpts
 from shardwise.env import (
     capture_rng_state,
@@ -640,7 +640,7 @@ class BaseStrategy:
         path = Path(filename)
         return path if path.is_absolute() else self._work_dir / path
 
-    def _checkpoint_meta(self, fmt: str) -> dict[str, Any]:
+    def _checkpoint_meta(self, fmt: CheckpointFormat) -> dict[str, Any]:
         """What every checkpoint records besides the state: who wrote it, when, and each
         rank's RNG states (a collective: every rank must call it)."""
         return dict(
@@ -652,7 +652,7 @@ class BaseStrategy:
             randomness=self.randomness,
             world_size=self.world_size,
             strategy=type(self).__name__,
-            format=fmt,
+            format=fmt.name,
             rng_states=dist.all_gather_object(capture_rng_state()),
         )
 
@@ -661,7 +661,7 @@ class BaseStrategy:
         save_optimizer: bool,
         save_param_scheduler: bool,
         extra_ckpt: Mapping[str, Any] | None,
-        fmt: str,
+        fmt: CheckpointFormat,
     ) -> dict[str, Any]:
         """The checkpoint dict every format stores (collective under sharding)."""
         if not self._prepared:
@@ -749,7 +749,7 @@ class BaseStrategy:
         if in_background:
             return self._save_in_background(state, path, fmt, start, retire)
         commit = CheckpointCommit(
-            path, work_dir=self._work_dir, is_dir=fmt != "full", retire=retire
+            path, work_dir=self._work_dir, is_dir=fmt.is_dir, retire=retire
         )
         try:
             with commit as staging:
@@ -764,17 +764,22 @@ class BaseStrategy:
         return None
 
     def _save_in_background(
-        self, state: dict[str, Any], path: Path, fmt: str, start: float, retire: list[str]
+        self,
+        state: dict[str, Any],
+        path: Path,
+        fmt: CheckpointFormat,
+        start: float,
+        retire: list[str],
     ) -> Future:
         """Stage ``state`` to host memory, agree that every rank did, and write and commit it
         in the background (see :mod:`shardwise.checkpoint.async_save`)."""
         group = self._checkpointer.group()
         commit = CheckpointCommit(
-            path, work_dir=self._work_dir, group=group, is_dir=fmt != "full", retire=retire
+            path, work_dir=self._work_dir, group=group, is_dir=fmt.is_dir, retire=retire
         )
         staged, error = None, None
         try:
-            staged = self._stage_checkpoint(state, fmt)
+            staged = fmt.stage(state, self._checkpointer, self.rank)
         except Exception as exc:  # noqa: BLE001 - every rank raises it from begin()
             error = exc
         del state
@@ -835,24 +840,18 @@ class BaseStrategy:
         (e.g. clamping weights by hand) should call it first."""
         self._checkpointer.wait_for_staging()
 
-    def _checkpoint_format(self) -> str:
-        """The format :meth:`save_checkpoint` writes: ``'full'``, ``'sharded'`` or ``'local'``."""
-        return "full"
-
-    def _stage_checkpoint(self, state: dict[str, Any], fmt: str) -> dict[str, Any]:
-        """A copy in host memory of what this rank writes (a full checkpoint: rank 0 only)."""
-        if fmt == "full" and self.rank != 0:
-            return {}
-        return self._checkpointer.stage(state)
+    def _checkpoint_format(self) -> CheckpointFormat:
+        """The format :meth:`save_checkpoint` writes (here :data:`FULL`)."""
+        return FULL
 
     def _write_checkpoint(
         self, state: dict[str, Any], staging: Path, group: Any = None
     ) -> list[Path | WrittenFile]:
         """Write ``state`` under the staging path of the commit protocol (every rank calls it,
         collectives on ``group``); returns the files this rank wrote."""
-        if self.rank != 0:
-            return []
-        return [save_full_checkpoint(state, staging)]
+        plan = f"{type(self).__name__}@{id(self):x}:{'async' if group else 'sync'}"
+        fmt = self._checkpoint_format()
+        return fmt.write(state, staging, rank=self.rank, group=group, plan=plan)
 
     def wait_for_checkpoint(self) -> None:
         """Block until the save in flight (if any) is committed; its failure, on any rank,

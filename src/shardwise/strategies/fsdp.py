@@ -40,16 +40,7 @@ from torch.distributed.tensor import DTensor
 
 from shardwise import dist
 from shardwise.checkpoint import CheckpointError
-from shardwise.checkpoint.formats import detect_format
-from shardwise.checkpoint.full import WrittenFile, load_full_checkpoint, save_full_checkpoint
-from shardwise.checkpoint.local import load_local_checkpoint, save_local_checkpoint
-from shardwise.checkpoint.manifest import ChecksumCheck, checksums_checked, recorded_files
-from shardwise.checkpoint.sharded import (
-    load_sharded_tensors,
-    read_sharded_meta,
-    save_sharded_checkpoint,
-    verification_share,
-)
+from shardwise.checkpoint.formats import CheckpointFormat, detect_format
 from shardwise.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from shardwise.optim.parts import SINGLE, optim_wrapper_parts, part_optimizer
 from shardwise.optim.scheduler import _ParamScheduler
@@ -198,16 +189,6 @@ def _is_amp(cfg: Mapping[str, Any]) -> bool:
     return cfg.get("type") in ("AmpOptimWrapper", AmpOptimWrapper)
 
 
-class _TensorSpec:
-    """Shape and dtype of a tensor that only rank 0 holds (broadcast to the others)."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
-
-    def placeholder(self) -> torch.Tensor:
-        return torch.empty(self.shape, dtype=self.dtype, device="meta")
-
-
 # ---------------------------------------------------------------------------- the strategy
 @STRATEGIES.register_module()
 class FSDPStrategy(BaseStrategy):
@@ -311,7 +292,7 @@ class FSDPStrategy(BaseStrategy):
     @property
     def checkpoint_format(self) -> str:
         """``'sharded'``, ``'full'`` or ``'local'``: what :meth:`save_checkpoint` writes."""
-        return self._state_dict.format
+        return self._state_dict.format.name
 
     # ------------------------------------------------------------------ building the model
     @contextlib.contextmanager
@@ -516,14 +497,14 @@ class FSDPStrategy(BaseStrategy):
     # ------------------------------------------------------------------ state dicts
     def _state_dict_options(self, **overrides: Any) -> StateDictOptions:
         """Options of :meth:`model_state_dict` and :meth:`optim_state_dict` for the format."""
-        if self._state_dict.format == "full":
+        if self._state_dict.format.gathered:
             options = dict(full_state_dict=True, cpu_offload=self._state_dict.rank0_only)
         else:
             options = dict(full_state_dict=False, cpu_offload=False)
         return StateDictOptions(**{**options, **overrides})
 
     def _offload(self, state: Any) -> Any:
-        if self._state_dict.format == "full" and self._state_dict.offload_to_cpu:
+        if self._state_dict.format.gathered and self._state_dict.offload_to_cpu:
             return map_tensors(lambda t: t.cpu(), state)
         return state
 
@@ -552,167 +533,105 @@ class FSDPStrategy(BaseStrategy):
         return self._load_options(state["state"])
 
     # ------------------------------------------------------------------ checkpoints
-    def _checkpoint_format(self) -> str:
+    def _checkpoint_format(self) -> CheckpointFormat:
         return self._state_dict.format
 
-    def _write_checkpoint(
-        self, state: dict[str, Any], staging: Path, group: Any = None
-    ) -> list[Path | WrittenFile]:
-        fmt = self._state_dict.format
-        if fmt == "sharded":
-            cache = f"{type(self).__name__}@{id(self):x}:{'async' if group else 'sync'}"
-            return save_sharded_checkpoint(state, staging, process_group=group, plan_cache=cache)
-        if fmt == "local":
-            return [save_local_checkpoint(state, staging, self.rank)]
-        if self.rank != 0:
-            return []
-        return [save_full_checkpoint(map_tensors(lambda t: t.cpu(), state), staging)]
-
     def _read_checkpoint(self, filename: Any, map_location: Any, verify: bool | None) -> dict:
-        """Read any format onto the sharded model: a full checkpoint is read by rank 0 only
-        (the others get placeholders; loading broadcasts from rank 0), a sharded one into
-        DTensor shards (DCP reshards to this mesh), a local one as this rank's shards. With
-        ``verify``, the ranks first check the checksums of what they read, sharing the work
-        (a mismatch anywhere is raised on every rank before anything is loaded)."""
+        """Read any format onto the sharded model (the format's ``read_onto``): a full
+        checkpoint by rank 0 only, a sharded one into DTensor shards (DCP reshards to this
+        mesh), a local one as this rank's shards; with ``verify``, the ranks check the
+        checksums of what they read meanwhile, sharing the work, and agree on the outcome."""
         if not self._prepared:
             raise RuntimeError(
                 "FSDPStrategy reads a checkpoint onto the sharded model: call prepare() first"
             )
         path = self._find_checkpoint(filename)
-        verify = self._verify(verify)
-        fmt = self._on_rank0(lambda: detect_format(path))
-        if fmt == "full":
-            return self._read_full_on_rank0(path, verify)
-        if fmt == "sharded":
-            return self._read_sharded(path, verify)
-        return self._on_every_rank(lambda: self._read_local(path, verify))
+        fmt = on_rank0(lambda: detect_format(path))
+        return fmt.read_onto(path, _Placement(self.model, path), self._verify(verify))
 
-    def _read_sharded(self, path: Path, verify: bool) -> dict[str, Any]:
-        """The small files on every rank (agreed), then DCP's collective load into this
-        mesh's shards; meanwhile each rank checks the checksums of its share of the files
-        (:func:`~shardwise.checkpoint.sharded.verification_share`), and the ranks agree on
-        the outcome before anything is returned (a mismatch explains a failed load too)."""
-        check = None
-        if verify:
-            share = verification_share(recorded_files(path), self.rank, self.world_size)
-            check = ChecksumCheck(path, share)
-        checkpoint, error = None, None
-        try:
-            skeleton, specs = self._on_every_rank(lambda: read_sharded_meta(path))
-            checkpoint = load_sharded_tensors(path, skeleton, specs, self._shard_factory())
-        except Exception as exc:  # noqa: BLE001 - every rank failed (agreed): raised below
-            error = exc
-        if check is not None:
-            self._on_every_rank(check.result)
-        if error is not None:
-            raise error
-        return checkpoint
 
-    def _on_rank0(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` on rank 0, its result (or its exception) on every rank."""
-        result, error = None, None
-        if self.rank == 0:
-            try:
-                result = fn()
-            except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
-                error = exc
-        error, result = dist.broadcast_object((error, result), src=0)
-        if error is not None:
-            raise error
-        return result
-
-    def _on_every_rank(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` on every rank; if it fails anywhere, it fails everywhere."""
-        result, error = None, None
+def on_rank0(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on rank 0, its result (or its exception) on every rank."""
+    result, error = None, None
+    if dist.get_rank() == 0:
         try:
             result = fn()
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
             error = exc
-        message = None if error is None else f"{type(error).__name__}: {error}"
-        errors = dist.all_gather_object(message)
-        if error is not None:
-            raise error
-        failed = [(rank, err) for rank, err in enumerate(errors) if err is not None]
-        if failed:
-            raise CheckpointError(
-                "reading the checkpoint failed on rank(s) "
-                + ", ".join(f"{rank} ({err})" for rank, err in failed)
-            )
-        return result
+    error, result = dist.broadcast_object((error, result), src=0)
+    if error is not None:
+        raise error
+    return result
 
-    def _read_full_on_rank0(self, path: Path, verify: bool) -> dict[str, Any]:
-        """Rank 0 reads the file; the others get its structure, with a meta-device placeholder
-        for every model and optimizer tensor (and its metadata, RNG states included, whole)."""
-        checkpoint: dict[str, Any] = {}
 
-        def read() -> dict[str, Any]:
-            with checksums_checked(path, enabled=verify):
-                checkpoint.update(load_full_checkpoint(path, map_location="cpu"))
-            return _skeleton(checkpoint)
-
-        skeleton = self._on_rank0(read)
-        if self.rank == 0:
-            return checkpoint
-        return map_tensors(lambda spec: spec.placeholder(), skeleton, kind=_TensorSpec)
-
-    def _shard_factory(self) -> Callable[[tuple[str, ...], torch.Size, torch.dtype], torch.Tensor]:
-        """Where each stored tensor of a sharded checkpoint goes: a DTensor laid out like the
-        parameter it belongs to (model weights and per-parameter optimizer state), else a
-        plain tensor read whole."""
-        params = self._params_by_name()
-
-        def factory(path: tuple[str, ...], shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-            fqn = _param_name_of(path)
-            if fqn is not None and fqn not in params:
-                fqn = fqn.removeprefix("module.")
-            param = params.get(fqn) if fqn is not None else None
-            if isinstance(param, DTensor) and tuple(param.shape) == tuple(shape):
-                return torch.empty_like(param, dtype=dtype, requires_grad=False)
-            return torch.empty(shape, dtype=dtype)
-
-        return factory
-
-    def _params_by_name(self) -> dict[str, nn.Parameter]:
-        return {clean_name(n): p for n, p in self.model.named_parameters()}
-
-    def _read_local(self, path: Path, verify: bool) -> dict[str, Any]:
-        checkpoint = load_local_checkpoint(
-            path, self.rank, self.world_size, verify_checksums=verify
+def on_every_rank(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on every rank; if it fails anywhere, it fails everywhere."""
+    result, error = None, None
+    try:
+        result = fn()
+    except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
+        error = exc
+    message = None if error is None else f"{type(error).__name__}: {error}"
+    errors = dist.all_gather_object(message)
+    if error is not None:
+        raise error
+    failed = [(rank, err) for rank, err in enumerate(errors) if err is not None]
+    if failed:
+        raise CheckpointError(
+            "reading the checkpoint failed on rank(s) "
+            + ", ".join(f"{rank} ({err})" for rank, err in failed)
         )
-        params = self._params_by_name()
+    return result
 
-        def as_shard(fqn: str, tensor: Any) -> Any:
-            param = params.get(fqn)
-            if not isinstance(param, DTensor) or not isinstance(tensor, torch.Tensor):
-                return tensor
-            if tensor.dim() == 0:
-                return tensor
-            local = param.to_local()
-            if tensor.shape != local.shape:
-                if tensor.shape == param.shape and tensor.numel() != local.numel():
-                    return tensor  # a full tensor (e.g. NO_SHARD), loaded as such
-                raise CheckpointError(
-                    f"{path}: rank {self.rank}'s shard of {fqn!r} has shape "
-                    f"{tuple(tensor.shape)}, but this rank's shard is {tuple(local.shape)}: "
-                    "the checkpoint was saved with a different sharding. A local checkpoint "
-                    "loads only with the same model_wrapper and number of ranks; save "
-                    "'sharded' to reshard"
-                )
-            return DTensor.from_local(
-                tensor.to(local.device),
-                param.device_mesh,
-                param.placements,
-                shape=param.shape,
-                stride=param.stride(),
-                run_check=False,
+
+class _Placement:
+    """Where FSDPStrategy's reads put a checkpoint's tensors
+    (:class:`~shardwise.checkpoint.formats.Placement`): a DTensor laid out like the parameter
+    a tensor belongs to (model weights and per-parameter optimizer state), else a plain
+    tensor read whole."""
+
+    on_rank0 = staticmethod(on_rank0)
+    on_every_rank = staticmethod(on_every_rank)
+
+    def __init__(self, model: nn.Module, path: Path) -> None:
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self._params = {clean_name(n): p for n, p in model.named_parameters()}
+        self._path = path
+
+    def tensor_for(self, path: tuple[str, ...], shape: torch.Size, dtype: torch.dtype) -> Any:
+        fqn = _param_name_of(path)
+        if fqn is not None and fqn not in self._params:
+            fqn = fqn.removeprefix("module.")
+        param = self._params.get(fqn) if fqn is not None else None
+        if isinstance(param, DTensor) and tuple(param.shape) == tuple(shape):
+            return torch.empty_like(param, dtype=dtype, requires_grad=False)
+        return torch.empty(shape, dtype=dtype)
+
+    def shard_of(self, name: str, tensor: Any) -> Any:
+        param = self._params.get(name)
+        if not isinstance(param, DTensor) or not isinstance(tensor, torch.Tensor):
+            return tensor
+        if tensor.dim() == 0:
+            return tensor
+        local = param.to_local()
+        if tensor.shape != local.shape:
+            if tensor.shape == param.shape and tensor.numel() != local.numel():
+                return tensor  # a full tensor (e.g. NO_SHARD), loaded as such
+            raise CheckpointError(
+                f"{self._path}: rank {self.rank}'s shard of {name!r} has shape "
+                f"{tuple(tensor.shape)}, but this rank's shard is {tuple(local.shape)}: "
+                "the checkpoint was saved with a different sharding. A local checkpoint "
+                "loads only with the same model_wrapper and number of ranks; save "
+                "'sharded' to reshard"
             )
-
-        checkpoint["state_dict"] = {
-            k: as_shard(k, v) for k, v in checkpoint.get("state_dict", {}).items()
-        }
-        if "optimizer" in checkpoint:
-            checkpoint["optimizer"] = _map_optimizer_states(checkpoint["optimizer"], as_shard)
-        return checkpoint
+        return DTensor.from_local(
+            tensor.to(local.device),
+            param.device_mesh,
+            param.placements,
+            shape=param.shape,
+            stride=param.stride(),
+            run_check=False,
+        )
 
 
 def _check_own_flags(skip_init_weights: Any, micro_batch: Any) -> None:
@@ -753,28 +672,3 @@ def _param_name_of(path: tuple[str, ...]) -> str | None:
     if path and path[0] == "optimizer" and "state" in path[:-2]:
         return path[path.index("state") + 1]
     return None
-
-
-def _skeleton(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
-    """``checkpoint`` with a :class:`_TensorSpec` for every model and optimizer tensor (every
-    tensor of a bare state dict)."""
-    if checkpoint and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
-        return {k: _TensorSpec(v) for k, v in checkpoint.items()}
-    return {
-        k: map_tensors(_TensorSpec, v) if k in ("state_dict", "optimizer") else v
-        for k, v in checkpoint.items()
-    }
-
-
-def _map_optimizer_states(optim_state: Any, fn: Callable[[str, Any], Any]) -> Any:
-    """Apply ``fn(param_name, value)`` to every per-parameter state value (one optimizer's
-    state, or a dict of them by optimizer name)."""
-    if not isinstance(optim_state, Mapping):
-        return optim_state
-    if "state" in optim_state and "param_groups" in optim_state:
-        state = {
-            fqn: {k: fn(fqn, v) for k, v in per_param.items()}
-            for fqn, per_param in optim_state["state"].items()
-        }
-        return {**optim_state, "state": state}
-    return {k: _map_optimizer_states(v, fn) for k, v in optim_state.items()}

@@ -47,6 +47,7 @@ from torch.distributed.fsdp.fully_sharded_data_parallel import (
     StateDictConfig,
 )
 
+from shardwise.checkpoint.formats import FORMATS, FULL, LOCAL, SHARDED, CheckpointFormat
 from shardwise.dtypes import parse_dtype
 from shardwise.registry import FUNCTIONS
 
@@ -423,15 +424,16 @@ def parse_model_wrapper(cfg: Mapping[str, Any] | None) -> FSDPConfig:
 
 # ---------------------------------------------------------------------------- state_dict_cfg
 _FORMAT_OF_TYPE = {
-    StateDictType.FULL_STATE_DICT: "full",
-    StateDictType.SHARDED_STATE_DICT: "sharded",
-    StateDictType.LOCAL_STATE_DICT: "local",
+    StateDictType.FULL_STATE_DICT: FULL,
+    StateDictType.SHARDED_STATE_DICT: SHARDED,
+    StateDictType.LOCAL_STATE_DICT: LOCAL,
 }
 _TYPE_OF_FORMAT = {v: k for k, v in _FORMAT_OF_TYPE.items()}
-_CONFIG_CLASSES: dict[str, tuple[type[StateDictConfig], type[OptimStateDictConfig]]] = {
-    "full": (FullStateDictConfig, FullOptimStateDictConfig),
-    "sharded": (ShardedStateDictConfig, ShardedOptimStateDictConfig),
-    "local": (LocalStateDictConfig, LocalOptimStateDictConfig),
+_ConfigClasses = tuple[type[StateDictConfig], type[OptimStateDictConfig]]
+_CONFIG_CLASSES: dict[CheckpointFormat, _ConfigClasses] = {
+    FULL: (FullStateDictConfig, FullOptimStateDictConfig),
+    SHARDED: (ShardedStateDictConfig, ShardedOptimStateDictConfig),
+    LOCAL: (LocalStateDictConfig, LocalOptimStateDictConfig),
 }
 _CONFIG_BY_NAME: dict[str, type] = {
     cls.__name__: cls for pair in _CONFIG_CLASSES.values() for cls in pair
@@ -440,14 +442,15 @@ _CONFIG_BY_NAME: dict[str, type] = {
 
 @dataclass(frozen=True)
 class StateDictSettings:
-    """How checkpoints are written: ``format`` (``'full'``, ``'sharded'`` or ``'local'``) and
+    """How checkpoints are written: ``format`` (:data:`~shardwise.checkpoint.formats.FULL`,
+    ``SHARDED`` or ``LOCAL``) and
     mmengine's/FSDP1's view of the same choice (``state_dict_type`` and the two configs).
 
     For ``'full'``, ``state_dict_config.rank0_only`` gathers the full state onto rank 0 only
     (the others get an empty dict) and ``offload_to_cpu`` moves it to the CPU.
     """
 
-    format: str
+    format: CheckpointFormat
     state_dict_type: StateDictType
     state_dict_config: StateDictConfig
     optim_state_dict_config: OptimStateDictConfig
@@ -461,9 +464,9 @@ class StateDictSettings:
         return bool(getattr(self.state_dict_config, "offload_to_cpu", False))
 
 
-def _settings_for(fmt: str) -> StateDictSettings:
+def _settings_for(fmt: CheckpointFormat) -> StateDictSettings:
     model_cls, optim_cls = _CONFIG_CLASSES[fmt]
-    kwargs = dict(offload_to_cpu=True, rank0_only=True) if fmt == "full" else {}
+    kwargs = dict(offload_to_cpu=True, rank0_only=True) if fmt.gathered else {}
     return StateDictSettings(fmt, _TYPE_OF_FORMAT[fmt], model_cls(**kwargs), optim_cls(**kwargs))
 
 
@@ -473,11 +476,11 @@ def _parse_state_dict_type(value: Any) -> StateDictType:
     if isinstance(value, str):
         if value in StateDictType.__members__:
             return StateDictType[value]
-        if value in _TYPE_OF_FORMAT:
-            return _TYPE_OF_FORMAT[value]
+        if value in FORMATS:
+            return _TYPE_OF_FORMAT[FORMATS[value]]
         raise ValueError(
             f"state_dict_type={value!r} is not one of {list(StateDictType.__members__)} "
-            f"(or {list(_TYPE_OF_FORMAT)})"
+            f"(or {list(FORMATS)})"
         )
     raise TypeError(
         f"state_dict_type must be a str or torch's StateDictType, got "
@@ -485,7 +488,7 @@ def _parse_state_dict_type(value: Any) -> StateDictType:
     )
 
 
-def _build_config(value: Any, base: type, what: str, fmt: str, index: int) -> Any:
+def _build_config(value: Any, base: type, what: str, fmt: CheckpointFormat, index: int) -> Any:
     expected = _CONFIG_CLASSES[fmt][index]
     if value is None:
         defaults = _settings_for(fmt)
@@ -521,12 +524,12 @@ def parse_state_dict_cfg(cfg: Any) -> StateDictSettings:
     ``dict(state_dict_type=..., state_dict_config=..., optim_state_dict_config=...)`` whose
     values may be enums/config objects, their names, or ``dict(type=..., **kwargs)``."""
     if isinstance(cfg, str):
-        if cfg not in _CONFIG_CLASSES:
+        if cfg not in FORMATS:
             raise ValueError(
-                f"state_dict_cfg={cfg!r} is not one of {list(_CONFIG_CLASSES)}; or give "
+                f"state_dict_cfg={cfg!r} is not one of {list(FORMATS)}; or give "
                 "mmengine's dict(state_dict_type='FULL_STATE_DICT', ...)"
             )
-        return _settings_for(cfg)
+        return _settings_for(FORMATS[cfg])
     if not isinstance(cfg, Mapping):
         raise TypeError(
             f"state_dict_cfg must be a str ('sharded', 'full', 'local') or a dict, got "
@@ -541,13 +544,13 @@ def parse_state_dict_cfg(cfg: Any) -> StateDictSettings:
     if "state_dict_type" in cfg:
         fmt = _FORMAT_OF_TYPE[_parse_state_dict_type(cfg["state_dict_type"])]
     else:  # infer it from the config object, else the default
-        fmt = "sharded"
+        fmt = SHARDED
         given = cfg.get("state_dict_config")
         given_cls = given.get("type") if isinstance(given, Mapping) else type(given)
         given_cls = _CONFIG_BY_NAME.get(given_cls, given_cls)
-        for name, (model_cls, _) in _CONFIG_CLASSES.items():
+        for candidate, (model_cls, _) in _CONFIG_CLASSES.items():
             if given_cls is model_cls:
-                fmt = name
+                fmt = candidate
     return StateDictSettings(
         fmt,
         _TYPE_OF_FORMAT[fmt],
