@@ -311,9 +311,9 @@ def test_later_saves_refill_the_host_buffers_of_the_first(tmp_path, monkeypatch)
     strategy = SingleDeviceStrategy(work_dir=str(tmp_path), async_save=True)
     model, wrapper = strategy.prepare(ToyNet(), optim_wrapper=OPTIM)
     staged = []
-    original = strategy._checkpointer.stage
+    original = strategy.checkpointer.stager.stage
     monkeypatch.setattr(
-        strategy._checkpointer, "stage", lambda s: staged.append(original(s)) or staged[-1]
+        strategy.checkpointer.stager, "stage", lambda s: staged.append(original(s)) or staged[-1]
     )
     expected = []
     for i in range(3):
@@ -383,14 +383,14 @@ def test_training_runs_while_the_state_is_copied_and_the_optimizer_step_waits(
     )
     train_steps(model, wrapper, [], range(2))
     saved = {k: v.clone() for k, v in strategy.model_state_dict().items()}
-    _slow_copies(monkeypatch, strategy._checkpointer)
+    _slow_copies(monkeypatch, strategy.checkpointer.stager)
     strategy.save_checkpoint("iter_2.pth")
     x, y = torch.randn(16, 4), torch.randn(16, 1)
     loss = (model(x) - y).pow(2).mean()
     loss.backward()  # a model without buffers: forward and backward do not wait
-    assert strategy._checkpointer.staging_wait_s == 0.0
+    assert strategy.checkpointer.stager.staging_wait_s == 0.0
     wrapper.step()  # waits for the copies, then changes the weights
-    assert strategy._checkpointer.staging_wait_s > 0.2
+    assert strategy.checkpointer.stager.staging_wait_s > 0.2
     assert not _equal(strategy.model_state_dict(), saved)
     strategy.wait_for_checkpoint()
     checkpoint = torch.load(tmp_path / "iter_2.pth", weights_only=True)
@@ -402,10 +402,10 @@ def test_the_forward_of_a_model_with_buffers_waits_for_the_copies(tmp_path, monk
     model, wrapper = strategy.prepare(ToyNet(), optim_wrapper=OPTIM)
     train_steps(model, wrapper, [], range(2))
     saved = {k: v.clone() for k, v in strategy.model_state_dict().items()}
-    _slow_copies(monkeypatch, strategy._checkpointer)
+    _slow_copies(monkeypatch, strategy.checkpointer.stager)
     strategy.save_checkpoint("iter_2.pth")
     model(torch.randn(16, 4))  # BatchNorm updates its running statistics: after the copies
-    assert strategy._checkpointer.staging_wait_s > 0.2
+    assert strategy.checkpointer.stager.staging_wait_s > 0.2
     assert not torch.equal(model.net[1].running_mean, saved["net.1.running_mean"])
     strategy.wait_for_checkpoint()
     checkpoint = torch.load(tmp_path / "iter_2.pth", weights_only=True)
@@ -421,7 +421,7 @@ def test_a_failed_background_copy_releases_training_and_is_raised_at_the_wait(
     model, wrapper = strategy.prepare(ToyNet(), optim_wrapper=OPTIM)
     strategy.save_checkpoint("good.pth", async_save=False)
     monkeypatch.setattr(async_save, "DEFER_BYTES", 0)
-    checkpointer = strategy._checkpointer
+    checkpointer = strategy.checkpointer.stager
     original = checkpointer._copy_pending
 
     def broken():  # one copy of mismatched sizes among the others

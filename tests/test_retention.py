@@ -65,11 +65,11 @@ def test_a_failed_save_deletes_nothing_and_the_next_one_retires_as_before(tmp_pa
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(strategy, "_write_checkpoint", disk_full)
+        m.setattr(strategy.checkpointer, "_write", disk_full)
         with pytest.raises(CheckpointError, match="No space left"):
             strategy.save_checkpoint("iter_3.pth")
     assert _names(tmp_path) == ["iter_1.pth", "iter_2.pth"]
-    assert strategy._retention.kept == {
+    assert strategy.checkpointer.retention.kept == {
         "periodic": [str(tmp_path / f"iter_{i}.pth") for i in (1, 2)]
     }
     strategy.save_checkpoint("iter_4.pth")

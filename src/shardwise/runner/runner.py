@@ -43,12 +43,12 @@ import torch.nn as nn
 
 import shardwise
 from shardwise import dist
-from shardwise.checkpoint import find_last_checkpoint
 from shardwise.config import Config
 from shardwise.optim import OptimWrapperDict
 from shardwise.registry import HOOKS, LOOPS, RUNNERS, STRATEGIES
 from shardwise.strategies import BaseStrategy
 from shardwise.strategies.base import unwrap_model
+from shardwise.strategies.checkpointer import where_to_start
 
 from .checks import check_components, check_config
 from .data import build_dataloader, set_sampler_seed
@@ -569,14 +569,7 @@ class Runner:
         return result
 
     def _initialize_accumulation(self) -> None:
-        wrappers = (
-            dict(self.optim_wrapper.items())
-            if isinstance(self.optim_wrapper, OptimWrapperDict)
-            else {"": self.optim_wrapper}
-        )
-        for wrapper in wrappers.values():
-            if getattr(wrapper, "accumulative_counts", 1) > 1:
-                wrapper.initialize_count_status(self.model, self.iter, self.max_iters)
+        self.strategy._initialize_accumulation(self.iter, self.max_iters)
 
     # ------------------------------------------------------------------ steps
     def train_step(self, data: Any) -> dict[str, torch.Tensor]:
@@ -622,30 +615,22 @@ class Runner:
         resume would pick gives its weights only."""
         if self._has_loaded:
             return None
-        resume_from = self._checkpoint_to_resume()
+        resume_from, weights_from = where_to_start(
+            self.work_dir, load_from=self._load_from, resume=self._resume
+        )
         if resume_from is not None and self.train_loop is not None:
             checkpoint = self.resume(resume_from)
-        elif resume_from is not None or self._load_from is not None:
-            checkpoint = self.load_checkpoint(resume_from or self._load_from)
+        elif resume_from is not None or weights_from is not None:
+            checkpoint = self.load_checkpoint(resume_from or weights_from)
         else:
+            if self._resume:
+                self.logger.info(
+                    "resume=True but %s has no committed checkpoint: starting from scratch",
+                    self.work_dir,
+                )
             return None
         self._has_loaded = True
         return checkpoint
-
-    def _checkpoint_to_resume(self) -> str | None:
-        if isinstance(self._resume, str | os.PathLike):
-            return str(self._resume)
-        if self._resume and self._load_from is not None:
-            return self._load_from
-        if not self._resume:
-            return None
-        found = find_last_checkpoint(self.work_dir)
-        if found is None:
-            self.logger.info(
-                "resume=True but %s has no committed checkpoint: starting from scratch",
-                self.work_dir,
-            )
-        return found
 
     def resume(self, filename: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore model, optimizer, schedulers, RNG states, the loop position and the

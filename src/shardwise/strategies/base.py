@@ -19,7 +19,6 @@ import dataclasses
 import difflib
 import inspect
 import os
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -36,18 +35,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-import shardwise
 from shardwise import dist
-from shardwise.checkpoint import CheckpointCommit, CheckpointError, find_last_checkpoint
-from shardwise.checkpoint.async_save import AsyncCheckpointer
 from shardwise.checkpoint.formats import FULL, CheckpointFormat, read_checkpoint
-from shardwise.checkpoint.full import WrittenFile
-from shardwise.checkpoint.retention import Retention, check_max_keep_ckpts
+from shardwise.checkpoint.retention import check_max_keep_ckpts
 from shardwise.env import (
-    capture_rng_state,
     collect_env,
-    gc_paused,
-    restore_rng_state,
     set_multi_processing,
     set_random_seed,
     set_resource_limit,
@@ -64,18 +56,12 @@ from shardwise.optim.scheduler import _ParamScheduler
 from shardwise.registry import MODELS, OPTIM_WRAPPERS
 from shardwise.tree import contains
 
-from .matching import optimizer_states_by_name, resume_mismatches, state_dict_diff
+from .checkpointer import DEFAULT_REVISE_KEYS, Checkpointer
+from .matching import revise_state_dict_keys, state_dict_diff, unwrap_model
 
 __all__ = ["BaseStrategy"]
 
-DEFAULT_REVISE_KEYS = [(r"^module\.", "")]
-_RESERVED_CKPT_KEYS = ("state_dict", "optimizer", "param_schedulers")
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's module inside a DDP-style wrapper (``.module``), or the model itself."""
-    return model.module if isinstance(getattr(model, "module", None), nn.Module) else model
 
 
 class BaseStrategy:
@@ -117,12 +103,12 @@ class BaseStrategy:
         verify_checksums: bool = True,
     ) -> None:
         _check_flags(async_save=async_save, verify_checksums=verify_checksums)
-        self._async_save = async_save
-        self._verify_checksums = verify_checksums
-        self._max_keep_ckpts = check_max_keep_ckpts(max_keep_ckpts)
-        self._retention = Retention()
-        self._checkpointer = AsyncCheckpointer()
-        self._fenced: list[Any] = []  # optimizers and models hooked by _fence_staging
+        self._checkpointer = Checkpointer(
+            self,
+            async_save=async_save,
+            max_keep_ckpts=max_keep_ckpts,
+            verify_checksums=verify_checksums,
+        )
         self._auto_scale_lr = _check_auto_scale_lr(auto_scale_lr)
         self._env_kwargs = dict(env_kwargs or {})
         self._work_dir = Path(work_dir).absolute()
@@ -438,10 +424,13 @@ class BaseStrategy:
             for group in wrapper.optimizer.param_groups:
                 group["lr"] = group["lr"] * ratio
 
-    def _initialize_accumulation(self) -> None:
+    def _initialize_accumulation(self, cur_iter: int = 0, max_iters: int | None = None) -> None:
+        """Tell wrappers that accumulate gradients where the run is (``max_iters``: from
+        ``dispatch_kwargs`` by default), so that the last, incomplete window is scaled."""
         for wrapper in self._wrappers().values():
             if getattr(wrapper, "_accumulative_counts", 1) > 1:
-                wrapper.initialize_count_status(self.model, 0, self.dispatch_kwargs["max_iters"])
+                total = self.dispatch_kwargs["max_iters"] if max_iters is None else max_iters
+                wrapper.initialize_count_status(self.model, cur_iter, total)
 
     def build_param_scheduler(
         self, scheduler: Any, optim_wrapper: Any = None, default_args: Mapping | None = None
@@ -565,7 +554,7 @@ class BaseStrategy:
         unexpected key is an error naming them, raised before anything is loaded; otherwise
         they, and tensors whose shape differs from the model's, are skipped with a warning.
         """
-        state_dict = _revise_keys(state_dict, revise_keys)
+        state_dict = revise_state_dict_keys(state_dict, revise_keys)
         diff = state_dict_diff(state_dict, unwrap_model(self.model))
         if strict and diff:
             raise RuntimeError(
@@ -636,55 +625,21 @@ class BaseStrategy:
             _load_schedulers(self.param_schedulers, state_dict)
 
     # ------------------------------------------------------------------ checkpoints
-    def _resolve(self, filename: str | os.PathLike[str]) -> Path:
-        path = Path(filename)
-        return path if path.is_absolute() else self._work_dir / path
+    @property
+    def checkpointer(self) -> Checkpointer:
+        """What saves, loads and resumes this strategy's state
+        (:class:`~shardwise.strategies.checkpointer.Checkpointer`)."""
+        return self._checkpointer
 
-    def _checkpoint_meta(self, fmt: CheckpointFormat) -> dict[str, Any]:
-        """What every checkpoint records besides the state: who wrote it, when, and each
-        rank's RNG states (a collective: every rank must call it)."""
-        return dict(
-            shardwise_version=shardwise.__version__,
-            time=time.strftime("%Y-%m-%d %H:%M:%S"),
-            timestamp=self._timestamp,
-            experiment_name=self._experiment_name,
-            seed=self.seed,
-            randomness=self.randomness,
-            world_size=self.world_size,
-            strategy=type(self).__name__,
-            format=fmt.name,
-            rng_states=dist.all_gather_object(capture_rng_state()),
-        )
+    def _checkpoint_format(self) -> CheckpointFormat:
+        """The format :meth:`save_checkpoint` writes (here :data:`FULL`)."""
+        return FULL
 
-    def _checkpoint_state(
-        self,
-        save_optimizer: bool,
-        save_param_scheduler: bool,
-        extra_ckpt: Mapping[str, Any] | None,
-        fmt: CheckpointFormat,
-    ) -> dict[str, Any]:
-        """The checkpoint dict every format stores (collective under sharding)."""
-        if not self._prepared:
-            raise RuntimeError("save_checkpoint() needs a prepared strategy: call prepare() first")
-        extra = dict(extra_ckpt or {})
-        clash = sorted(set(extra) & set(_RESERVED_CKPT_KEYS))
-        if clash:
-            raise ValueError(
-                f"extra_ckpt keys {clash} would overwrite the checkpoint's own entries "
-                f"{list(_RESERVED_CKPT_KEYS)}; rename them"
-            )
-        state: dict[str, Any] = {"state_dict": self.model_state_dict()}
-        if save_optimizer and hasattr(self, "optim_wrapper"):
-            state["optimizer"] = self.optim_state_dict()
-        if save_param_scheduler and hasattr(self, "param_schedulers"):
-            state["param_schedulers"] = self.scheduler_state_dict()
-        meta = self._checkpoint_meta(fmt)
-        meta.update(extra.pop("meta", {}))
-        state.update(extra)
-        state["meta"] = meta
-        return state
+    def _read_state(self, path: Path, map_location: Any, verify: bool) -> dict[str, Any]:
+        """Read a checkpoint for this strategy's model: here whole, with plain tensors
+        (sharding strategies read it onto their shards)."""
+        return read_checkpoint(path, map_location=map_location, verify_checksums=verify)
 
-    @gc_paused()
     def save_checkpoint(
         self,
         filename: str | os.PathLike[str],
@@ -697,8 +652,8 @@ class BaseStrategy:
         max_keep_ckpts: int | None = None,
         series: str = "periodic",
     ) -> Future | None:
-        """Save a checkpoint through the commit protocol: in the full format (one file,
-        written by rank 0) here; sharding strategies choose their format.
+        """Save a checkpoint through the commit protocol, in the strategy's format (here the
+        full format: one file, written by rank 0).
 
         A relative ``filename`` is taken inside ``work_dir``. ``extra_ckpt`` entries are
         stored beside the state (its ``meta`` entries are merged into ``meta``);
@@ -722,175 +677,30 @@ class BaseStrategy:
             >>> ...  # training goes on while the checkpoint is written
             >>> strategy.wait_for_checkpoint()  # committed (or CheckpointError)
         """
-        self.wait_for_checkpoint()
-        if not self._prepared:
-            raise RuntimeError("save_checkpoint() needs a prepared strategy: call prepare() first")
-        in_background = self._async_save if async_save is None else bool(async_save)
-        max_keep = self._max_keep_ckpts if max_keep_ckpts is None else max_keep_ckpts
-        check_max_keep_ckpts(max_keep)
-        path = self._resolve(filename)
-        fmt = self._checkpoint_format()
-        start = time.perf_counter()
-        try:
-            state = self._checkpoint_state(save_optimizer, save_param_scheduler, extra_ckpt, fmt)
-        except CheckpointError:
-            raise
-        except RuntimeError as exc:  # a collective failed: a rank crashed or timed out
-            raise CheckpointError(
-                f"saving {path}: gathering the state to save failed on rank {self.rank}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        if callback is not None:
-            callback(state)
-        retire: list[str] = []
-        if max_keep > 0:
-            kept, retire = self._retention.plan(path, max_keep, series)
-            state.setdefault("meta", {})["kept_checkpoints"] = kept
-        if in_background:
-            return self._save_in_background(state, path, fmt, start, retire)
-        commit = CheckpointCommit(
-            path, work_dir=self._work_dir, is_dir=fmt.is_dir, retire=retire
-        )
-        try:
-            with commit as staging:
-                commit.record(*self._write_checkpoint(state, staging))
-        except BaseException:
-            self._retention.settle(committed=False)
-            raise
-        self._retention.settle(committed=True)
-        self.logger.info(
-            "Saved checkpoint %s (%s) in %.2f s", path, fmt, time.perf_counter() - start
-        )
-        return None
-
-    def _save_in_background(
-        self,
-        state: dict[str, Any],
-        path: Path,
-        fmt: CheckpointFormat,
-        start: float,
-        retire: list[str],
-    ) -> Future:
-        """Stage ``state`` to host memory, agree that every rank did, and write and commit it
-        in the background (see :mod:`shardwise.checkpoint.async_save`)."""
-        group = self._checkpointer.group()
-        commit = CheckpointCommit(
-            path, work_dir=self._work_dir, group=group, is_dir=fmt.is_dir, retire=retire
-        )
-        staged, error = None, None
-        try:
-            staged = fmt.stage(state, self._checkpointer, self.rank)
-        except Exception as exc:  # noqa: BLE001 - every rank raises it from begin()
-            error = exc
-        del state
-        try:
-            staging = commit.begin(error)
-        except CheckpointError:
-            self._checkpointer.discard()
-            self._retention.settle(committed=False)
-            raise
-        self._fence_staging()
-        blocked = time.perf_counter() - start
-
-        def write() -> list[Path]:
-            return self._write_checkpoint(staged, staging, group=group)
-
-        future = self._checkpointer.submit(commit, write)
-        self.logger.info(
-            "Staged checkpoint %s (%s) in host memory in %.2f s; writing it in the background",
-            path,
-            fmt,
-            blocked,
+        return self._checkpointer.save(
+            filename,
+            save_optimizer=save_optimizer,
+            save_param_scheduler=save_param_scheduler,
+            extra_ckpt=extra_ckpt,
+            callback=callback,
+            async_save=async_save,
+            max_keep_ckpts=max_keep_ckpts,
+            series=series,
         )
 
-        def log(done: Future) -> None:
-            if done.exception() is None:
-                self.logger.info(
-                    "Saved checkpoint %s (%s) in %.2f s (in the background)",
-                    path,
-                    fmt,
-                    time.perf_counter() - start,
-                )
-
-        future.add_done_callback(log)
-        return future
-
-    def _fence_staging(self) -> None:
-        """Make every optimizer step, and every forward of a model with persistent buffers
-        (forward may update them, e.g. BatchNorm's statistics), wait until the save in flight
-        has copied the tensors it left to the background (hooks registered once)."""
-        targets: list[Any] = []
-        if hasattr(self, "optim_wrapper"):
-            targets += [wrapper.optimizer for wrapper in self._wrappers().values()]
-        if _has_persistent_buffers(self.model):
-            targets.append(self.model)
-        for target in targets:
-            if any(fenced is target for fenced in self._fenced):
-                continue
-            if isinstance(target, torch.optim.Optimizer):
-                target.register_step_pre_hook(lambda *_: self.wait_for_staging())
-            else:
-                target.register_forward_pre_hook(lambda *_: self.wait_for_staging())
-            self._fenced.append(target)
+    def wait_for_checkpoint(self) -> None:
+        """Block until the save in flight (if any) is committed; its failure, on any rank,
+        is raised here as :class:`CheckpointError` on every rank. Nothing to do after a
+        synchronous save."""
+        self._checkpointer.wait()
 
     def wait_for_staging(self) -> None:
         """Block until the asynchronous save in flight has copied the state to host memory
         (at once when there is none). The next optimizer step, and the next forward of a
         model with buffers, call it; code that changes saved tensors in place before those
         (e.g. clamping weights by hand) should call it first."""
-        self._checkpointer.wait_for_staging()
+        self._checkpointer.stager.wait_for_staging()
 
-    def _checkpoint_format(self) -> CheckpointFormat:
-        """The format :meth:`save_checkpoint` writes (here :data:`FULL`)."""
-        return FULL
-
-    def _write_checkpoint(
-        self, state: dict[str, Any], staging: Path, group: Any = None
-    ) -> list[Path | WrittenFile]:
-        """Write ``state`` under the staging path of the commit protocol (every rank calls it,
-        collectives on ``group``); returns the files this rank wrote."""
-        plan = f"{type(self).__name__}@{id(self):x}:{'async' if group else 'sync'}"
-        fmt = self._checkpoint_format()
-        return fmt.write(state, staging, rank=self.rank, group=group, plan=plan)
-
-    def wait_for_checkpoint(self) -> None:
-        """Block until the save in flight (if any) is committed; its failure, on any rank,
-        is raised here as :class:`CheckpointError` on every rank. Nothing to do after a
-        synchronous save."""
-        if not self._checkpointer.in_flight:
-            return
-        try:
-            self._checkpointer.wait()
-        except BaseException:
-            self._retention.settle(committed=False)
-            raise
-        self._retention.settle(committed=True)
-
-    def _map_location(self, map_location: Any) -> Any:
-        return self.device if map_location == "default" else map_location
-
-    def _find_checkpoint(self, filename: str | os.PathLike[str]) -> Path:
-        """``filename`` as given, or inside ``work_dir`` when it is relative and only there."""
-        path = Path(filename)
-        if not path.exists() and not path.is_absolute() and self._resolve(path).exists():
-            path = self._resolve(path)
-        return path
-
-    def _read_checkpoint(
-        self, filename: str | os.PathLike[str], map_location: Any, verify: bool | None
-    ) -> dict:
-        """The whole checkpoint (full or sharded format) with plain tensors, its files first
-        checked against their recorded checksums (``verify``; None: the strategy's default)."""
-        return read_checkpoint(
-            self._find_checkpoint(filename),
-            map_location=self._map_location(map_location),
-            verify_checksums=self._verify(verify),
-        )
-
-    def _verify(self, verify_checksums: bool | None) -> bool:
-        return self._verify_checksums if verify_checksums is None else bool(verify_checksums)
-
-    @gc_paused()
     def load_checkpoint(
         self,
         filename: str | os.PathLike[str],
@@ -903,25 +713,17 @@ class BaseStrategy:
     ) -> dict[str, Any]:
         """Load the model weights of a checkpoint; return the rest of it (``meta``,
         ``optimizer``, extras). ``map_location='default'`` means this strategy's device.
-        ``verify_checksums`` (None: the strategy's default, True) first compares the files
-        with the checksums recorded when they were saved, and refuses a mismatch."""
-        self.wait_for_checkpoint()
-        checkpoint = self._read_checkpoint(filename, map_location, verify_checksums)
-        if callback is not None:
-            callback(checkpoint)
-        if "state_dict" not in checkpoint and _is_bare_state_dict(checkpoint):
-            checkpoint = {"state_dict": checkpoint}
-        if "state_dict" not in checkpoint:
-            raise KeyError(
-                f"{filename} has no 'state_dict' entry (keys: {sorted(checkpoint)}); it is not "
-                "a shardwise or mmengine checkpoint"
-            )
-        self.load_model_state_dict(
-            checkpoint.pop("state_dict"), strict=strict, revise_keys=revise_keys
+        ``verify_checksums`` (None: the strategy's default, True) compares the files with the
+        checksums recorded when they were saved while reading them, and refuses a mismatch."""
+        return self._checkpointer.load(
+            filename,
+            map_location=map_location,
+            strict=strict,
+            revise_keys=revise_keys,
+            callback=callback,
+            verify_checksums=verify_checksums,
         )
-        return checkpoint
 
-    @gc_paused()
     def resume(
         self,
         filename: str | os.PathLike[str],
@@ -932,113 +734,25 @@ class BaseStrategy:
         callback: Callable[[dict[str, Any]], None] | None = None,
         verify_checksums: bool | None = None,
     ) -> dict[str, Any]:
-        """Restore model, optimizer, schedulers, seed and RNG states from a checkpoint
-        (``verify_checksums`` as in :meth:`load_checkpoint`)."""
-        self.wait_for_checkpoint()
-        checkpoint = self._read_checkpoint(filename, map_location, verify_checksums)
-        self._check_resumable(filename, checkpoint, resume_optimizer, resume_param_scheduler)
-        if callback is not None:
-            callback(checkpoint)
-        self.load_model_state_dict(checkpoint.pop("state_dict"))
-        if resume_optimizer:
-            self.load_optim_state_dict(checkpoint.pop("optimizer"))
-        if resume_param_scheduler and hasattr(self, "param_schedulers"):
-            self.load_scheduler_state_dict(checkpoint.pop("param_schedulers"))
-        self._restore_randomness(checkpoint.get("meta", {}))
-        self._retention.restore(
-            checkpoint.get("meta", {}).get("kept_checkpoints"), self._find_checkpoint(filename)
+        """Restore model, optimizer, schedulers, seed and RNG states from a checkpoint, whole
+        or not at all (a checkpoint that does not fit the run is refused before anything is
+        loaded); ``verify_checksums`` as in :meth:`load_checkpoint`."""
+        return self._checkpointer.resume(
+            filename,
+            resume_optimizer=resume_optimizer,
+            resume_param_scheduler=resume_param_scheduler,
+            map_location=map_location,
+            callback=callback,
+            verify_checksums=verify_checksums,
         )
-        self.logger.info("Resumed from %s", filename)
-        return checkpoint
-
-    def _check_resumable(
-        self, filename: Any, checkpoint: dict[str, Any], optimizer: bool, schedulers: bool
-    ) -> None:
-        """Refuse a resume that could not be whole: something absent, or a checkpoint that
-        does not fit the model, optimizers or schedulers (:mod:`.matching`). Puts the model
-        keys and optimizer states into the shape loading expects."""
-        if not self._prepared:
-            raise RuntimeError("resume() needs a prepared strategy: call prepare() first")
-        if optimizer and not hasattr(self, "optim_wrapper"):
-            raise RuntimeError(
-                "resume_optimizer=True but this strategy has no optimizer wrapper; pass "
-                "optim_wrapper to prepare() or resume(..., resume_optimizer=False)"
-            )
-        if optimizer and "optimizer" not in checkpoint:
-            raise KeyError(
-                f"{filename} has no optimizer state; resume with resume_optimizer=False to "
-                "restore the rest of it"
-            )
-        if (
-            schedulers
-            and hasattr(self, "param_schedulers")
-            and "param_schedulers" not in checkpoint
-        ):
-            raise KeyError(
-                f"{filename} has no parameter scheduler state; resume with "
-                "resume_param_scheduler=False to restore the rest of it"
-            )
-        model = unwrap_model(self.model)
-        checkpoint["state_dict"] = _revise_keys(checkpoint["state_dict"], DEFAULT_REVISE_KEYS)
-        fitted, optimizers = dict(checkpoint), None
-        if optimizer:
-            optimizers = {key: wrapper.optimizer for key, wrapper in self._wrappers().items()}
-            states = optimizer_states_by_name(checkpoint["optimizer"], optimizers, model)
-            fitted["optimizer"], checkpoint["optimizer"] = states, states.get("", states)
-        problems = resume_mismatches(
-            fitted,
-            model,
-            optimizers=optimizers,
-            schedulers=getattr(self, "param_schedulers", None) if schedulers else None,
-        )
-        if problems:
-            raise CheckpointError(
-                f"refusing to resume from {filename}: it does not fit this run, and nothing was "
-                "loaded:\n  " + "\n  ".join(problems) + "\nTo start a new run from its "
-                "weights, use load_from (it loads the parameters that fit and no optimizer state)"
-            )
-
-    def _restore_randomness(self, meta: Mapping[str, Any]) -> None:
-        seed = meta.get("seed")
-        if seed is not None and seed != self.seed:
-            self.logger.warning(
-                "The checkpoint's seed %s replaces this run's seed %s", seed, self.seed
-            )
-            self._set_randomness(**{**self._randomness, "seed": seed})
-        states = meta.get("rng_states")
-        if states and len(states) == self.world_size:
-            restore_rng_state(states[self.rank])
-        elif states:
-            self.logger.warning(
-                "The checkpoint was saved on %d ranks and is resumed on %d: RNG states are not "
-                "restored; every rank is reseeded from seed %s instead",
-                len(states),
-                self.world_size,
-                self.seed,
-            )
 
     def load_or_resume(
         self, *, load_from: str | None = None, resume: bool | str = False
     ) -> dict[str, Any] | None:
-        """Resume (``resume=True``: the latest committed checkpoint in ``work_dir``;
-        ``resume=PATH``: that one) or load weights from ``load_from``."""
-        if isinstance(resume, str | os.PathLike):
-            return self.resume(resume)
-        if resume:
-            latest = find_last_checkpoint(self._work_dir)
-            if latest is not None:
-                self.logger.info("Auto-resuming from the latest checkpoint %s", latest)
-                return self.resume(latest)
-            if load_from is None:
-                self.logger.info(
-                    "resume=True but %s has no committed checkpoint; starting from scratch",
-                    self._work_dir,
-                )
-                return None
-            return self.resume(load_from)
-        if load_from is not None:
-            return self.load_checkpoint(load_from)
-        return None
+        """mmengine's rules: ``resume=PATH`` resumes from it; ``resume=True`` from
+        ``load_from`` when given, else from the newest committed checkpoint in ``work_dir``;
+        ``load_from`` alone loads its weights."""
+        return self._checkpointer.load_or_resume(load_from=load_from, resume=resume)
 
 
 def _build_wrapper_part(name: str, part: Any, model: nn.Module) -> OptimWrapper:
@@ -1111,15 +825,6 @@ def _check_auto_scale_lr(cfg: Mapping[str, Any] | None) -> dict[str, Any] | None
     return cfg
 
 
-def _has_persistent_buffers(model: nn.Module) -> bool:
-    """Whether the model's state dict holds buffers (which forward may update)."""
-    return any(
-        buffer is not None and name not in module._non_persistent_buffers_set
-        for module in model.modules()
-        for name, buffer in module._buffers.items()
-    )
-
-
 def holds_tensor_state(optim_state: Mapping[str, Any]) -> bool:
     """Whether an optimizer state holds per-parameter tensors (SGD without momentum does
     not)."""
@@ -1128,21 +833,6 @@ def holds_tensor_state(optim_state: Mapping[str, Any]) -> bool:
         for per_param in optim_state.get("state", {}).values()
         for v in per_param.values()
     )
-
-
-def _is_bare_state_dict(checkpoint: Mapping[str, Any]) -> bool:
-    """``torch.save(model.state_dict())``: tensors under module keys and nothing else."""
-    return bool(checkpoint) and all(isinstance(v, torch.Tensor) for v in checkpoint.values())
-
-
-def _revise_keys(
-    state_dict: Mapping[str, Any], revise_keys: Sequence[tuple[str, str]]
-) -> dict[str, Any]:
-    revised = dict(state_dict)
-    for pattern, replacement in revise_keys:
-        regex = re.compile(pattern)
-        revised = {regex.sub(replacement, k): v for k, v in revised.items()}
-    return revised
 
 
 def _build_one_scheduler(

@@ -536,7 +536,7 @@ class FSDPStrategy(BaseStrategy):
     def _checkpoint_format(self) -> CheckpointFormat:
         return self._state_dict.format
 
-    def _read_checkpoint(self, filename: Any, map_location: Any, verify: bool | None) -> dict:
+    def _read_state(self, path: Path, map_location: Any, verify: bool) -> dict[str, Any]:
         """Read any format onto the sharded model (the format's ``read_onto``): a full
         checkpoint by rank 0 only, a sharded one into DTensor shards (DCP reshards to this
         mesh), a local one as this rank's shards; with ``verify``, the ranks check the
@@ -545,9 +545,8 @@ class FSDPStrategy(BaseStrategy):
             raise RuntimeError(
                 "FSDPStrategy reads a checkpoint onto the sharded model: call prepare() first"
             )
-        path = self._find_checkpoint(filename)
         fmt = on_rank0(lambda: detect_format(path))
-        return fmt.read_onto(path, _Placement(self.model, path), self._verify(verify))
+        return fmt.read_onto(path, _Placement(self.model, path), verify)
 
 
 def on_rank0(fn: Callable[[], Any]) -> Any:

@@ -15,6 +15,7 @@ a placeholder on the meta device and a full tensor of one parameter have the sam
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,14 @@ from shardwise.checkpoint.mmengine_compat import optimizer_state_by_name
 
 from .parallelize import clean_name
 
-__all__ = ["StateDictDiff", "optimizer_states_by_name", "resume_mismatches", "state_dict_diff"]
+__all__ = [
+    "StateDictDiff",
+    "optimizer_states_by_name",
+    "resume_mismatches",
+    "revise_state_dict_keys",
+    "state_dict_diff",
+    "unwrap_model",
+]
 
 _SHOWN = 8  # names listed per kind of mismatch
 
@@ -58,6 +66,22 @@ def state_dict_diff(state_dict: Mapping[str, Any], model: nn.Module) -> StateDic
             if k in expected and isinstance(v, torch.Tensor) and tuple(v.shape) != expected[k]
         ],
     )
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's module inside a DDP-style wrapper (``.module``), or the model itself."""
+    return model.module if isinstance(getattr(model, "module", None), nn.Module) else model
+
+
+def revise_state_dict_keys(
+    state_dict: Mapping[str, Any], revise_keys: Sequence[tuple[str, str]]
+) -> dict[str, Any]:
+    """``state_dict`` with each ``(pattern, replacement)`` regex applied to every key."""
+    revised = dict(state_dict)
+    for pattern, replacement in revise_keys:
+        regex = re.compile(pattern)
+        revised = {regex.sub(replacement, k): v for k, v in revised.items()}
+    return revised
 
 
 def _listed(names: Sequence[Any]) -> str:
