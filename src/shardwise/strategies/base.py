@@ -14,10 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import difflib
-import inspect
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,10 +25,6 @@ import torch
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
 )
 
 from shardwise import dist
@@ -48,16 +40,29 @@ from shardwise.logging import get_logger
 from shardwise.optim import (
     OptimWrapper,
     OptimWrapperDict,
-    build_optim_wrapper,
-    build_param_scheduler,
 )
-from shardwise.optim.parts import SINGLE, optim_wrapper_parts, part_optimizer
+from shardwise.optim.parts import SINGLE, optim_wrapper_parts
 from shardwise.optim.scheduler import _ParamScheduler
-from shardwise.registry import MODELS, OPTIM_WRAPPERS
-from shardwise.tree import contains
+from shardwise.registry import MODELS
 
+from .building import (
+    build_schedulers,
+    build_wrapper_part,
+    check_auto_scale_lr,
+    check_flags,
+    check_keywords,
+    check_prepare_args,
+    scale_lr,
+)
 from .checkpointer import DEFAULT_REVISE_KEYS, Checkpointer
 from .matching import revise_state_dict_keys, state_dict_diff, unwrap_model
+from .state_dicts import (
+    get_optim_state,
+    load_model_state,
+    load_optim_state,
+    load_schedulers,
+    model_state,
+)
 
 __all__ = ["BaseStrategy"]
 
@@ -102,14 +107,14 @@ class BaseStrategy:
         max_keep_ckpts: int = -1,
         verify_checksums: bool = True,
     ) -> None:
-        _check_flags(async_save=async_save, verify_checksums=verify_checksums)
+        check_flags(async_save=async_save, verify_checksums=verify_checksums)
         self._checkpointer = Checkpointer(
             self,
             async_save=async_save,
             max_keep_ckpts=max_keep_ckpts,
             verify_checksums=verify_checksums,
         )
-        self._auto_scale_lr = _check_auto_scale_lr(auto_scale_lr)
+        self._auto_scale_lr = check_auto_scale_lr(auto_scale_lr)
         self._env_kwargs = dict(env_kwargs or {})
         self._work_dir = Path(work_dir).absolute()
         self._setup_env(**self._env_kwargs)
@@ -133,15 +138,15 @@ class BaseStrategy:
             TypeError, ValueError, KeyError: naming the keyword, the value and what fits.
         """
         kwargs = {k: v for k, v in cfg.items() if k != "type"}
-        _check_keywords(cls, kwargs)
+        check_keywords(cls, kwargs)
         cls._check_kwargs(kwargs, world_size, local_world_size or world_size)
 
     @classmethod
     def _check_kwargs(cls, kwargs: Mapping[str, Any], world_size: int, local_size: int) -> None:
         """The checks of :meth:`check_config` (subclasses add theirs)."""
-        _check_flags(**{k: kwargs[k] for k in ("async_save", "verify_checksums") if k in kwargs})
+        check_flags(**{k: kwargs[k] for k in ("async_save", "verify_checksums") if k in kwargs})
         check_max_keep_ckpts(kwargs.get("max_keep_ckpts", -1))
-        _check_auto_scale_lr(kwargs.get("auto_scale_lr"))
+        check_auto_scale_lr(kwargs.get("auto_scale_lr"))
         for name in ("env_kwargs", "log_kwargs"):
             if not isinstance(kwargs.get(name) or {}, Mapping):
                 raise TypeError(f"{name} must be a dict, got {kwargs[name]!r}")
@@ -285,40 +290,9 @@ class BaseStrategy:
         param_scheduler: Any,
         dispatch_kwargs: Mapping[str, Any] | None,
     ) -> None:
-        """Refuse bad input before anything is built."""
-        if not isinstance(model, nn.Module | Mapping):
-            raise TypeError(
-                f"model must be an nn.Module or a config dict with a 'type' key, got "
-                f"{type(model).__name__}: {model!r}"
-            )
-        if param_scheduler is not None and optim_wrapper is None:
-            raise ValueError(
-                "param_scheduler was given without optim_wrapper: schedulers act on an "
-                "optimizer, so pass optim_wrapper=... to prepare() as well"
-            )
-        kwargs = {**self.dispatch_kwargs, **(dispatch_kwargs or {})}
-        if self._auto_scale_lr and self._auto_scale_lr.get("enable", False):
-            if "train_micro_batch_size_per_gpu" not in kwargs:
-                raise ValueError(
-                    "auto_scale_lr is enabled but dispatch_kwargs has no "
-                    "'train_micro_batch_size_per_gpu'; pass it to prepare(dispatch_kwargs=...)"
-                )
-            if contains(_ParamScheduler, param_scheduler):
-                raise RuntimeError(
-                    "auto_scale_lr cannot scale the LR of pre-built parameter schedulers: "
-                    "they have recorded their initial LR already; pass scheduler configs"
-                )
-        parts = optim_wrapper_parts(optim_wrapper) if optim_wrapper is not None else {}
-        for part in parts.values():
-            counts = getattr(part, "_accumulative_counts", None)
-            if isinstance(part, Mapping):
-                counts = part.get("accumulative_counts")
-            if counts not in (None, 1) and "max_iters" not in kwargs:
-                raise ValueError(
-                    f"accumulative_counts={counts} needs dispatch_kwargs['max_iters'] to scale "
-                    "the last, incomplete accumulation window; pass it to "
-                    "prepare(dispatch_kwargs=...)"
-                )
+        """Refuse bad input before anything is built (sharding strategies add theirs)."""
+        dispatch = {**self.dispatch_kwargs, **(dispatch_kwargs or {})}
+        check_prepare_args(model, optim_wrapper, param_scheduler, dispatch, self._auto_scale_lr)
 
     def _prepared_components(self) -> Any:
         items: list[Any] = [self.model]
@@ -392,7 +366,7 @@ class BaseStrategy:
         if isinstance(optim_wrapper, OptimWrapper | OptimWrapperDict):
             return optim_wrapper
         built = {
-            name: _build_wrapper_part(name, part, model)
+            name: build_wrapper_part(name, part, model)
             for name, part in optim_wrapper_parts(optim_wrapper).items()
         }
         return built[SINGLE] if SINGLE in built else OptimWrapperDict(**built)
@@ -401,28 +375,11 @@ class BaseStrategy:
         return optim_wrapper_parts(self.optim_wrapper)
 
     def _scale_lr(self) -> None:
-        """Scale every LR by ``world_size * batch_per_gpu / base_batch_size`` (linear rule)."""
-        if not self._auto_scale_lr or not self._auto_scale_lr.get("enable", False):
-            return
-        if contains(_ParamScheduler, getattr(self, "param_schedulers", None)):
-            raise RuntimeError(
-                "auto_scale_lr must run before parameter schedulers are built: they record "
-                "the initial LR"
-            )
-        base = self._auto_scale_lr["base_batch_size"]
-        real = self.world_size * self.dispatch_kwargs["train_micro_batch_size_per_gpu"]
-        ratio = real / base
-        self.logger.info(
-            "auto_scale_lr: batch size %d (world size %d) against base_batch_size %d; "
-            "scaling every LR by %.4g",
-            real,
-            self.world_size,
-            base,
-            ratio,
-        )
-        for wrapper in self._wrappers().values():
-            for group in wrapper.optimizer.param_groups:
-                group["lr"] = group["lr"] * ratio
+        """``auto_scale_lr``: every LR times world size x batch per rank / base batch size."""
+        if self._auto_scale_lr and self._auto_scale_lr.get("enable", False):
+            real = self.world_size * self.dispatch_kwargs["train_micro_batch_size_per_gpu"]
+            base = self._auto_scale_lr["base_batch_size"]
+            scale_lr(self._wrappers(), base, real, self.logger)
 
     def _initialize_accumulation(self, cur_iter: int = 0, max_iters: int | None = None) -> None:
         """Tell wrappers that accumulate gradients where the run is (``max_iters``: from
@@ -463,40 +420,7 @@ class BaseStrategy:
         if default_args is None:
             keys = ("max_epochs", "max_iters", "epoch_length")
             default_args = {k: self.dispatch_kwargs[k] for k in keys if k in self.dispatch_kwargs}
-        if not isinstance(optim_wrapper, OptimWrapperDict):
-            return self._build_scheduler_list(scheduler, optim_wrapper, default_args)
-        per_name = isinstance(scheduler, Mapping) and "type" not in scheduler
-        if per_name:
-            unknown = set(scheduler) - set(optim_wrapper.keys())
-            if unknown:
-                raise KeyError(
-                    f"param_scheduler keys {sorted(unknown)} name no optimizer; the optimizers "
-                    f"are {sorted(optim_wrapper.keys())}"
-                )
-        return {
-            name: self._build_scheduler_list(
-                scheduler[name] if per_name else scheduler, wrapper, default_args
-            )
-            for name, wrapper in optim_wrapper.items()
-            if not per_name or name in scheduler
-        }
-
-    def _build_scheduler_list(
-        self, scheduler: Any, optim_wrapper: Any, default_args: Mapping[str, Any]
-    ) -> list[_ParamScheduler]:
-        items = scheduler if isinstance(scheduler, Sequence) else [scheduler]
-        built = []
-        for item in items:
-            if isinstance(item, _ParamScheduler):
-                built.append(self._adopt_scheduler(item, optim_wrapper))
-            elif isinstance(item, Mapping):
-                built.append(_build_one_scheduler(item, optim_wrapper, default_args))
-            else:
-                raise TypeError(
-                    f"a param_scheduler must be a scheduler object or a config dict, got "
-                    f"{type(item).__name__}: {item!r}"
-                )
-        return built
+        return build_schedulers(scheduler, optim_wrapper, default_args, self._adopt_scheduler)
 
     def _adopt_scheduler(self, scheduler: _ParamScheduler, optim_wrapper: Any) -> _ParamScheduler:
         """A pre-built scheduler handed to :meth:`build_param_scheduler`, as the strategy
@@ -505,34 +429,23 @@ class BaseStrategy:
 
     # ------------------------------------------------------------------ state dicts
     def _state_dict_options(self, **overrides: Any) -> StateDictOptions:
+        """How this strategy's state is taken: here full tensors on the CPU."""
         return StateDictOptions(**{**_FULL.__dict__, **overrides})
+
+    def _load_options(self, state: Any) -> StateDictOptions:
+        """How ``state`` (model or per-parameter optimizer state) is put back."""
+        return self._state_dict_options()
 
     def model_state_dict(self) -> dict[str, Any]:
         """The model's full state dict on the CPU, keyed as the plain module's keys."""
-        return get_model_state_dict(self.model, options=self._state_dict_options())
+        return model_state(self.model, self._state_dict_options())
 
     def optim_state_dict(self) -> dict[str, Any]:
         """The optimizer state keyed by parameter name (a dict of them for several
         optimizers), with the wrapper's own state (e.g. the loss scaler)."""
-        states = {
-            name: self._one_optim_state_dict(wrapper) for name, wrapper in self._wrappers().items()
-        }
-        return states[""] if "" in states else states
-
-    def _one_optim_state_dict(self, wrapper: OptimWrapper) -> dict[str, Any]:
-        # torch's helper creates missing state with a zero-gradient step (Adam's step count
-        # becomes 1); an optimizer that has not stepped yet must stay as it was.
-        fresh = not wrapper.optimizer.state
-        state = get_optimizer_state_dict(
-            self.model, wrapper.optimizer, options=self._state_dict_options()
-        )
-        if fresh:
-            wrapper.optimizer.state.clear()
-            state = {**state, "state": {}}
-        extras = {
-            k: v for k, v in wrapper.state_dict().items() if k not in ("state", "param_groups")
-        }
-        return {**state, **extras}
+        options = self._state_dict_options()
+        states = {n: get_optim_state(self.model, w, options) for n, w in self._wrappers().items()}
+        return states[SINGLE] if SINGLE in states else states
 
     def scheduler_state_dict(self) -> list[dict[str, Any]] | dict[str, list[dict[str, Any]]]:
         """Each scheduler's state, in order (per optimizer name for several optimizers)."""
@@ -574,55 +487,26 @@ class BaseStrategy:
             )
         skipped = set(diff.unexpected) | {k for k, _, _ in diff.shapes}
         usable = {k: v for k, v in state_dict.items() if k not in skipped}
-        self._set_model_state_dict(usable)
-
-    def _set_model_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Put checked, matching entries into the model (the step sharding strategies vary)."""
-        set_model_state_dict(self.model, state_dict, options=self._state_dict_options(strict=False))
+        load_model_state(self.model, usable, self._load_options(usable))
 
     def load_optim_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load what :meth:`optim_state_dict` returned."""
         wrappers = self._wrappers()
-        if "" not in wrappers:
+        if SINGLE not in wrappers:
             missing = sorted(set(wrappers) - set(state_dict))
             if missing:
                 raise KeyError(f"the optimizer state has no entry for optimizer(s) {missing}")
         for name, wrapper in wrappers.items():
-            self._load_one_optim_state_dict(wrapper, state_dict if name == "" else state_dict[name])
-
-    def _load_one_optim_state_dict(self, wrapper: OptimWrapper, state: Mapping[str, Any]) -> None:
-        optim_state = {"state": state["state"], "param_groups": state["param_groups"]}
-        self._set_optim_state_dict(wrapper.optimizer, optim_state)
-        if not optim_state["state"]:  # saved before the first step: no state to create
-            wrapper.optimizer.state.clear()
-        extras = {k: v for k, v in state.items() if k not in ("state", "param_groups")}
-        if extras:
-            wrapper.load_state_dict({**wrapper.optimizer.state_dict(), **extras})
-
-    def _set_optim_state_dict(
-        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-    ) -> None:
-        """Put an optimizer state keyed by parameter name into ``optimizer``."""
-        options = self._optim_load_options(state)
-        if options.full_state_dict and not holds_tensor_state(state):
-            # torch's full-state-dict load needs a tensor (it fails on SGD without momentum);
-            # a state of param_groups alone loads the same as a sharded one
-            options = dataclasses.replace(
-                options, full_state_dict=False, broadcast_from_rank0=False
-            )
-        set_optimizer_state_dict(self.model, optimizer, state, options=options)
-
-    def _optim_load_options(self, state: dict[str, Any]) -> StateDictOptions:
-        """How :meth:`_set_optim_state_dict` loads ``state``."""
-        return self._state_dict_options()
+            state = state_dict if name == SINGLE else state_dict[name]
+            load_optim_state(self.model, wrapper, state, self._load_options(state["state"]))
 
     def load_scheduler_state_dict(self, state_dict: Any) -> None:
         """Load what :meth:`scheduler_state_dict` returned."""
         if isinstance(self.param_schedulers, dict):
             for name, schedulers in self.param_schedulers.items():
-                _load_schedulers(schedulers, state_dict[name])
+                load_schedulers(schedulers, state_dict[name])
         else:
-            _load_schedulers(self.param_schedulers, state_dict)
+            load_schedulers(self.param_schedulers, state_dict)
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -753,115 +637,3 @@ class BaseStrategy:
         ``load_from`` when given, else from the newest committed checkpoint in ``work_dir``;
         ``load_from`` alone loads its weights."""
         return self._checkpointer.load_or_resume(load_from=load_from, resume=resume)
-
-
-def _build_wrapper_part(name: str, part: Any, model: nn.Module) -> OptimWrapper:
-    """One optimizer wrapper of :meth:`BaseStrategy.build_optim_wrapper` (``name``: the
-    submodule it optimizes, ``''`` for the whole model)."""
-    if isinstance(part, OptimWrapper):
-        return part
-    if isinstance(part, torch.optim.Optimizer):
-        return OptimWrapper(part)
-    target = model if name == SINGLE else getattr(model, name, None)
-    if not isinstance(part, Mapping) or not isinstance(target, nn.Module):
-        raise ValueError(
-            f"optim_wrapper key {name!r}: a multi-optimizer dict needs, for each key, an "
-            "OptimWrapper or a config with 'optimizer' for the submodule of that name; "
-            f"got {part!r} and the model has "
-            f"{'no' if target is None else 'a non-module'} attribute {name!r}"
-        )
-    if part_optimizer(part) is not None:
-        return OPTIM_WRAPPERS.build({"type": "OptimWrapper", **part})
-    return build_optim_wrapper(target, copy.deepcopy(dict(part)))
-
-
-def _check_flags(**flags: Any) -> None:
-    for name, flag in flags.items():
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, got {flag!r}")
-
-
-def _keywords(cls: type) -> list[str]:
-    """The keyword arguments ``cls(...)`` accepts, up the classes whose ``**kwargs`` pass
-    them on."""
-    names: list[str] = []
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
-        names += [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            break
-    return names
-
-
-def _check_keywords(cls: type, kwargs: Mapping[str, Any]) -> None:
-    accepted = _keywords(cls)
-    for name in kwargs:
-        if name not in accepted:
-            close = difflib.get_close_matches(name, accepted, n=3)
-            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-            raise TypeError(
-                f"{cls.__name__} has no keyword {name!r}{hint}; it takes {', '.join(accepted)}"
-            )
-
-
-def _check_auto_scale_lr(cfg: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if cfg is None:
-        return None
-    if not isinstance(cfg, Mapping):
-        raise TypeError(
-            f"auto_scale_lr must be a dict(enable=..., base_batch_size=...), got {cfg!r}"
-        )
-    cfg = dict(cfg)
-    if cfg.get("enable", False):
-        base = cfg.get("base_batch_size")
-        if not isinstance(base, int) or isinstance(base, bool) or base <= 0:
-            raise ValueError(
-                f"auto_scale_lr needs a positive integer base_batch_size (the batch size its LR "
-                f"was tuned for), got {base!r}; e.g. auto_scale_lr=dict(enable=True, "
-                "base_batch_size=256)"
-            )
-    return cfg
-
-
-def holds_tensor_state(optim_state: Mapping[str, Any]) -> bool:
-    """Whether an optimizer state holds per-parameter tensors (SGD without momentum does
-    not)."""
-    return any(
-        isinstance(v, torch.Tensor) and v.dim() > 0
-        for per_param in optim_state.get("state", {}).values()
-        for v in per_param.values()
-    )
-
-
-def _build_one_scheduler(
-    cfg: Mapping[str, Any], optim_wrapper: Any, default_args: Mapping[str, Any]
-) -> _ParamScheduler:
-    """One scheduler from its config and :meth:`BaseStrategy.build_param_scheduler`'s
-    ``default_args``."""
-    cfg, defaults = copy.deepcopy(dict(cfg)), dict(default_args)
-    lengths = {key: defaults.pop(key, None) for key in ("max_epochs", "max_iters")}
-    epoch_length = defaults.pop("epoch_length", None)
-    if "end" not in cfg:
-        key = "max_epochs" if cfg.get("by_epoch", True) else "max_iters"
-        if lengths[key] is None:
-            raise ValueError(
-                f"{cfg.get('type')} has no 'end' and there is no {key!r} to default it to; "
-                f"set end=..., or pass {key} in default_args or dispatch_kwargs"
-            )
-        cfg["end"] = lengths[key]
-    for key, value in defaults.items():
-        cfg.setdefault(key, value)
-    return build_param_scheduler(cfg, optim_wrapper, epoch_length=epoch_length)
-
-
-def _load_schedulers(schedulers: Sequence[_ParamScheduler], states: Sequence[Any]) -> None:
-    if len(schedulers) != len(states):
-        raise ValueError(
-            f"the checkpoint holds {len(states)} parameter scheduler states but "
-            f"{len(schedulers)} schedulers are configured; resume with "
-            "resume_param_scheduler=False or use the same param_scheduler config"
-        )
-    for scheduler, state in zip(schedulers, states):
-        scheduler.load_state_dict(state)

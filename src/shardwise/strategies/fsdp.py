@@ -32,7 +32,6 @@ import torch.distributed as torch_dist
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    set_model_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
@@ -517,20 +516,12 @@ class FSDPStrategy(BaseStrategy):
         """The optimizer state keyed by parameter name, in the checkpoint format."""
         return self._offload(super().optim_state_dict())
 
-    @staticmethod
-    def _load_options(state: Any, **overrides: Any) -> StateDictOptions:
+    def _load_options(self, state: Any) -> StateDictOptions:
         """DTensors load shard to shard; full tensors are taken from rank 0 (the others may
         hold placeholders)."""
         if contains(DTensor, state):
-            return StateDictOptions(full_state_dict=False, **overrides)
-        return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, **overrides)
-
-    def _set_model_state_dict(self, state_dict: dict[str, Any]) -> None:
-        options = self._load_options(state_dict, strict=False)
-        set_model_state_dict(self.model, state_dict, options=options)
-
-    def _optim_load_options(self, state: dict[str, Any]) -> StateDictOptions:
-        return self._load_options(state["state"])
+            return StateDictOptions(full_state_dict=False)
+        return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_format(self) -> CheckpointFormat:

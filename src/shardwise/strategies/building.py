@@ -1,0 +1,235 @@
+"""How a strategy builds what ``prepare`` returns, and checks its arguments: plain functions
+over explicit inputs, which ``BaseStrategy`` calls (the order of the steps is written once, in
+``BaseStrategy.prepare``).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from shardwise.optim import (
+    OptimWrapper,
+    OptimWrapperDict,
+    build_optim_wrapper,
+    build_param_scheduler,
+)
+from shardwise.optim.parts import SINGLE, optim_wrapper_parts, part_optimizer
+from shardwise.optim.scheduler import _ParamScheduler
+from shardwise.registry import OPTIM_WRAPPERS
+from shardwise.tree import contains
+
+__all__ = [
+    "build_schedulers",
+    "build_wrapper_part",
+    "check_auto_scale_lr",
+    "check_flags",
+    "check_keywords",
+    "check_prepare_args",
+    "scale_lr",
+]
+
+
+def check_prepare_args(
+    model: Any,
+    optim_wrapper: Any,
+    param_scheduler: Any,
+    dispatch_kwargs: Mapping[str, Any],
+    auto_scale_lr: Mapping[str, Any] | None,
+) -> None:
+    """Refuse bad input to ``prepare`` before anything is built (``dispatch_kwargs``: those
+    the strategy has, updated with the call's)."""
+    if not isinstance(model, nn.Module | Mapping):
+        raise TypeError(
+            f"model must be an nn.Module or a config dict with a 'type' key, got "
+            f"{type(model).__name__}: {model!r}"
+        )
+    if param_scheduler is not None and optim_wrapper is None:
+        raise ValueError(
+            "param_scheduler was given without optim_wrapper: schedulers act on an "
+            "optimizer, so pass optim_wrapper=... to prepare() as well"
+        )
+    if auto_scale_lr and auto_scale_lr.get("enable", False):
+        if "train_micro_batch_size_per_gpu" not in dispatch_kwargs:
+            raise ValueError(
+                "auto_scale_lr is enabled but dispatch_kwargs has no "
+                "'train_micro_batch_size_per_gpu'; pass it to prepare(dispatch_kwargs=...)"
+            )
+        if contains(_ParamScheduler, param_scheduler):
+            raise RuntimeError(
+                "auto_scale_lr cannot scale the LR of pre-built parameter schedulers: "
+                "they have recorded their initial LR already; pass scheduler configs"
+            )
+    parts = optim_wrapper_parts(optim_wrapper) if optim_wrapper is not None else {}
+    for part in parts.values():
+        counts = getattr(part, "_accumulative_counts", None)
+        if isinstance(part, Mapping):
+            counts = part.get("accumulative_counts")
+        if counts not in (None, 1) and "max_iters" not in dispatch_kwargs:
+            raise ValueError(
+                f"accumulative_counts={counts} needs dispatch_kwargs['max_iters'] to scale "
+                "the last, incomplete accumulation window; pass it to "
+                "prepare(dispatch_kwargs=...)"
+            )
+
+
+def build_wrapper_part(name: str, part: Any, model: nn.Module) -> OptimWrapper:
+    """One optimizer wrapper of :meth:`BaseStrategy.build_optim_wrapper` (``name``: the
+    submodule it optimizes, ``''`` for the whole model)."""
+    if isinstance(part, OptimWrapper):
+        return part
+    if isinstance(part, torch.optim.Optimizer):
+        return OptimWrapper(part)
+    target = model if name == SINGLE else getattr(model, name, None)
+    if not isinstance(part, Mapping) or not isinstance(target, nn.Module):
+        raise ValueError(
+            f"optim_wrapper key {name!r}: a multi-optimizer dict needs, for each key, an "
+            "OptimWrapper or a config with 'optimizer' for the submodule of that name; "
+            f"got {part!r} and the model has "
+            f"{'no' if target is None else 'a non-module'} attribute {name!r}"
+        )
+    if part_optimizer(part) is not None:
+        return OPTIM_WRAPPERS.build({"type": "OptimWrapper", **part})
+    return build_optim_wrapper(target, copy.deepcopy(dict(part)))
+
+
+def check_flags(**flags: Any) -> None:
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+
+
+def _keywords(cls: type) -> list[str]:
+    """The keyword arguments ``cls(...)`` accepts, up the classes whose ``**kwargs`` pass
+    them on."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        names += [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    return names
+
+
+def check_keywords(cls: type, kwargs: Mapping[str, Any]) -> None:
+    accepted = _keywords(cls)
+    for name in kwargs:
+        if name not in accepted:
+            close = difflib.get_close_matches(name, accepted, n=3)
+            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+            raise TypeError(
+                f"{cls.__name__} has no keyword {name!r}{hint}; it takes {', '.join(accepted)}"
+            )
+
+
+def check_auto_scale_lr(cfg: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if cfg is None:
+        return None
+    if not isinstance(cfg, Mapping):
+        raise TypeError(
+            f"auto_scale_lr must be a dict(enable=..., base_batch_size=...), got {cfg!r}"
+        )
+    cfg = dict(cfg)
+    if cfg.get("enable", False):
+        base = cfg.get("base_batch_size")
+        if not isinstance(base, int) or isinstance(base, bool) or base <= 0:
+            raise ValueError(
+                f"auto_scale_lr needs a positive integer base_batch_size (the batch size its LR "
+                f"was tuned for), got {base!r}; e.g. auto_scale_lr=dict(enable=True, "
+                "base_batch_size=256)"
+            )
+    return cfg
+
+
+def _build_one_scheduler(
+    cfg: Mapping[str, Any], optim_wrapper: Any, default_args: Mapping[str, Any]
+) -> _ParamScheduler:
+    """One scheduler from its config and :meth:`BaseStrategy.build_param_scheduler`'s
+    ``default_args``."""
+    cfg, defaults = copy.deepcopy(dict(cfg)), dict(default_args)
+    lengths = {key: defaults.pop(key, None) for key in ("max_epochs", "max_iters")}
+    epoch_length = defaults.pop("epoch_length", None)
+    if "end" not in cfg:
+        key = "max_epochs" if cfg.get("by_epoch", True) else "max_iters"
+        if lengths[key] is None:
+            raise ValueError(
+                f"{cfg.get('type')} has no 'end' and there is no {key!r} to default it to; "
+                f"set end=..., or pass {key} in default_args or dispatch_kwargs"
+            )
+        cfg["end"] = lengths[key]
+    for key, value in defaults.items():
+        cfg.setdefault(key, value)
+    return build_param_scheduler(cfg, optim_wrapper, epoch_length=epoch_length)
+
+
+def scale_lr(wrappers: Mapping[str, Any], base: int, real: int, logger: Any) -> None:
+    """Scale every LR of ``wrappers`` by ``real / base`` (``auto_scale_lr``'s linear rule:
+    the global batch size against the ``base_batch_size`` the LR was tuned for)."""
+    ratio = real / base
+    logger.info(
+        "auto_scale_lr: batch size %d against base_batch_size %d; scaling every LR by %.4g",
+        real,
+        base,
+        ratio,
+    )
+    for wrapper in wrappers.values():
+        for group in wrapper.optimizer.param_groups:
+            group["lr"] = group["lr"] * ratio
+
+
+def build_schedulers(
+    scheduler: Any,
+    optim_wrapper: Any,
+    default_args: Mapping[str, Any],
+    adopt: Callable[[_ParamScheduler, Any], _ParamScheduler],
+) -> list[_ParamScheduler] | dict[str, list[_ParamScheduler]]:
+    """``BaseStrategy.build_param_scheduler`` for a built ``optim_wrapper``: a list for one
+    optimizer, a dict of lists (one per optimizer name) for an ``OptimWrapperDict``;
+    ``adopt(scheduler, optim_wrapper)`` keeps a pre-built scheduler (a sharding strategy
+    rebinds it to the optimizer it rebuilt)."""
+    if not isinstance(optim_wrapper, OptimWrapperDict):
+        return _build_scheduler_list(scheduler, optim_wrapper, default_args, adopt)
+    per_name = isinstance(scheduler, Mapping) and "type" not in scheduler
+    if per_name:
+        unknown = set(scheduler) - set(optim_wrapper.keys())
+        if unknown:
+            raise KeyError(
+                f"param_scheduler keys {sorted(unknown)} name no optimizer; the optimizers "
+                f"are {sorted(optim_wrapper.keys())}"
+            )
+    return {
+        name: _build_scheduler_list(
+            scheduler[name] if per_name else scheduler, wrapper, default_args, adopt
+        )
+        for name, wrapper in optim_wrapper.items()
+        if not per_name or name in scheduler
+    }
+
+
+def _build_scheduler_list(
+    scheduler: Any,
+    optim_wrapper: Any,
+    default_args: Mapping[str, Any],
+    adopt: Callable[[_ParamScheduler, Any], _ParamScheduler],
+) -> list[_ParamScheduler]:
+    items = scheduler if isinstance(scheduler, Sequence) else [scheduler]
+    built = []
+    for item in items:
+        if isinstance(item, _ParamScheduler):
+            built.append(adopt(item, optim_wrapper))
+        elif isinstance(item, Mapping):
+            built.append(_build_one_scheduler(item, optim_wrapper, default_args))
+        else:
+            raise TypeError(
+                f"a param_scheduler must be a scheduler object or a config dict, got "
+                f"{type(item).__name__}: {item!r}"
+            )
+    return built

@@ -1,0 +1,101 @@
+"""Model, optimizer and scheduler state in and out of a (wrapped, maybe sharded) model,
+through torch's ``torch.distributed.checkpoint.state_dict`` helpers.
+
+A strategy says only *how*: the ``StateDictOptions`` its state is taken with (full tensors on
+the CPU, or DTensor shards) and loaded with (shard to shard, or full tensors broadcast from
+rank 0); these functions do the rest, the same for every strategy. Optimizer state is keyed by
+parameter name, with the wrapper's own state (a loss scaler) beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from shardwise.optim import OptimWrapper
+from shardwise.optim.scheduler import _ParamScheduler
+
+__all__ = [
+    "get_optim_state",
+    "holds_tensor_state",
+    "load_model_state",
+    "load_optim_state",
+    "load_schedulers",
+    "model_state",
+]
+
+
+def model_state(model: nn.Module, options: StateDictOptions) -> dict[str, Any]:
+    """The model's state dict, keyed as the plain module's keys."""
+    return get_model_state_dict(model, options=options)
+
+
+def load_model_state(model: nn.Module, state: dict[str, Any], options: StateDictOptions) -> None:
+    """Put checked, matching entries into the model."""
+    set_model_state_dict(model, state, options=dataclasses.replace(options, strict=False))
+
+
+def get_optim_state(
+    model: nn.Module, wrapper: OptimWrapper, options: StateDictOptions
+) -> dict[str, Any]:
+    """One wrapper's optimizer state keyed by parameter name, with the wrapper's own state.
+
+    torch's helper creates missing state with a zero-gradient step (Adam's step count becomes
+    1); an optimizer that has not stepped yet stays as it was."""
+    fresh = not wrapper.optimizer.state
+    state = get_optimizer_state_dict(model, wrapper.optimizer, options=options)
+    if fresh:
+        wrapper.optimizer.state.clear()
+        state = {**state, "state": {}}
+    extras = {k: v for k, v in wrapper.state_dict().items() if k not in ("state", "param_groups")}
+    return {**state, **extras}
+
+
+def load_optim_state(
+    model: nn.Module, wrapper: OptimWrapper, state: Mapping[str, Any], options: StateDictOptions
+) -> None:
+    """Load what :func:`get_optim_state` returned into ``wrapper``."""
+    optim_state = {"state": state["state"], "param_groups": state["param_groups"]}
+    if options.full_state_dict and not holds_tensor_state(optim_state):
+        # torch's full-state-dict load needs a tensor (it fails on SGD without momentum); a
+        # state of param_groups alone loads the same as a sharded one
+        options = dataclasses.replace(options, full_state_dict=False, broadcast_from_rank0=False)
+    set_optimizer_state_dict(model, wrapper.optimizer, optim_state, options=options)
+    if not optim_state["state"]:  # saved before the first step: no state to create
+        wrapper.optimizer.state.clear()
+    extras = {k: v for k, v in state.items() if k not in ("state", "param_groups")}
+    if extras:
+        wrapper.load_state_dict({**wrapper.optimizer.state_dict(), **extras})
+
+
+def holds_tensor_state(optim_state: Mapping[str, Any]) -> bool:
+    """Whether an optimizer state holds per-parameter tensors (SGD without momentum does
+    not)."""
+    return any(
+        isinstance(v, torch.Tensor) and v.dim() > 0
+        for per_param in optim_state.get("state", {}).values()
+        for v in per_param.values()
+    )
+
+
+def load_schedulers(schedulers: Sequence[_ParamScheduler], states: Sequence[Any]) -> None:
+    """Load each scheduler's state, in order."""
+    if len(schedulers) != len(states):
+        raise ValueError(
+            f"the checkpoint holds {len(states)} parameter scheduler states but "
+            f"{len(schedulers)} schedulers are configured; resume with "
+            "resume_param_scheduler=False or use the same param_scheduler config"
+        )
+    for scheduler, state in zip(schedulers, states):
+        scheduler.load_state_dict(state)
