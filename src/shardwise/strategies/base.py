@@ -15,52 +15,45 @@ Example::
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from shardwise import dist
 from shardwise.checkpoint.formats import FULL, CheckpointFormat, read_checkpoint
 from shardwise.checkpoint.retention import check_max_keep_ckpts
-from shardwise.env import (
-    collect_env,
-    set_multi_processing,
-    set_random_seed,
-    set_resource_limit,
-)
+from shardwise.env import collect_env, set_random_seed
 from shardwise.logging import get_logger
-from shardwise.optim import (
-    OptimWrapper,
-    OptimWrapperDict,
-)
+from shardwise.optim import OptimWrapper, OptimWrapperDict
 from shardwise.optim.parts import SINGLE, optim_wrapper_parts
 from shardwise.optim.scheduler import _ParamScheduler
-from shardwise.registry import MODELS
 
 from .building import (
+    build_model,
     build_schedulers,
     build_wrapper_part,
     check_auto_scale_lr,
     check_flags,
     check_keywords,
     check_prepare_args,
+    compile_model,
     scale_lr,
+    set_up_environment,
 )
 from .checkpointer import DEFAULT_REVISE_KEYS, Checkpointer
-from .matching import revise_state_dict_keys, state_dict_diff, unwrap_model
+from .matching import unwrap_model
 from .state_dicts import (
+    fitting_model_state,
     get_optim_state,
     load_model_state,
-    load_optim_state,
-    load_schedulers,
+    load_optim_states,
+    load_scheduler_states,
+    map_schedulers,
     model_state,
 )
 
@@ -152,28 +145,11 @@ class BaseStrategy:
                 raise TypeError(f"{name} must be a dict, got {kwargs[name]!r}")
 
     # ------------------------------------------------------------------ environment
-    def _setup_env(
-        self,
-        *,
-        launcher: str | None = None,
-        cudnn_benchmark: bool = False,
-        mp_cfg: Mapping[str, Any] | None = None,
-        dist_cfg: Mapping[str, Any] | None = None,
-        resource_limit: int = 4096,
-        randomness: Mapping[str, Any] | None = None,
-    ) -> None:
-        self._launcher = dist.infer_launcher() if launcher is None else launcher
-        self._distributed = self._launcher != "none" or dist.is_distributed()
-        set_multi_processing(**(mp_cfg or {}), distributed=self._distributed)
-        if self._launcher != "none" and not dist.is_distributed():
-            dist.init_dist(self._launcher, **(dist_cfg or {}))
-        if cudnn_benchmark:
-            torch.backends.cudnn.benchmark = True
-        set_resource_limit(resource_limit)
+    def _setup_env(self, *, randomness: Mapping[str, Any] | None = None, **env: Any) -> None:
+        """Launcher, process group, multiprocessing, cuDNN, file limit
+        (:func:`~shardwise.strategies.building.set_up_environment`), then randomness."""
+        self._launcher, self._distributed, self._timestamp = set_up_environment(**env)
         self._set_randomness(**(randomness or {}))
-        stamp = torch.tensor(time.time(), dtype=torch.float64)
-        dist.broadcast(stamp, src=0)
-        self._timestamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(stamp.item()))
 
     def _set_randomness(
         self, seed: int | None = None, diff_rank_seed: bool = False, deterministic: bool = False
@@ -235,16 +211,14 @@ class BaseStrategy:
 
     def collect_env(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(system_env, runtime_env)``: the machine, and how this strategy set it up."""
-        runtime_env = dict(self._env_kwargs)
-        runtime_env.update(self._randomness)
-        runtime_env.update(
-            {
-                "Distributed launcher": self.launcher,
-                "Distributed training": self.distributed,
-                "World size": self.world_size,
-                "Strategy": type(self).__name__,
-            }
-        )
+        runtime_env = {
+            **self._env_kwargs,
+            **self._randomness,
+            "Distributed launcher": self.launcher,
+            "Distributed training": self.distributed,
+            "World size": self.world_size,
+            "Strategy": type(self).__name__,
+        }
         return collect_env(), runtime_env
 
     # ------------------------------------------------------------------ prepare
@@ -304,33 +278,13 @@ class BaseStrategy:
 
     def build_model(self, model: nn.Module | Mapping[str, Any]) -> nn.Module:
         """Return ``model`` itself, or build it from a config through ``MODELS``."""
-        if isinstance(model, nn.Module):
-            return model
-        if isinstance(model, Mapping):
-            built = MODELS.build(model)
-            if not isinstance(built, nn.Module):
-                raise TypeError(
-                    f"the model config {dict(model)} built a {type(built).__name__},"
-                    " not an nn.Module"
-                )
-            return built
-        raise TypeError(f"model must be an nn.Module or a config dict, got {type(model).__name__}")
+        return build_model(model)
 
     def compile_model(self, model: nn.Module, compile: bool | Mapping[str, Any] = False):
-        """``torch.compile`` the model's ``target`` method (``forward`` by default).
-
-        ``compile=True`` uses torch's defaults; a dict gives ``target`` and the keyword
-        arguments of ``torch.compile`` (``backend``, ``mode``, ``dynamic``, ...).
-        """
-        if not compile:
-            return model
-        cfg = {} if compile is True else dict(compile)
-        target = cfg.pop("target", "forward")
-        setattr(model, target, torch.compile(getattr(model, target), **cfg))
-        self.logger.info(
-            "Compiled %s.%s; the first iterations will be slow.", type(model).__name__, target
-        )
-        return model
+        """``torch.compile`` the model's ``target`` method (``forward`` by default):
+        ``compile=True`` with torch's defaults, or a dict of ``target`` and the keyword
+        arguments of ``torch.compile`` (``backend``, ``mode``, ``dynamic``, ...)."""
+        return compile_model(model, compile, self.logger)
 
     def _init_model_weights(self, model: nn.Module) -> nn.Module:
         """Run ``init_weights()`` when the model has it; then every rank takes rank 0's
@@ -449,9 +403,7 @@ class BaseStrategy:
 
     def scheduler_state_dict(self) -> list[dict[str, Any]] | dict[str, list[dict[str, Any]]]:
         """Each scheduler's state, in order (per optimizer name for several optimizers)."""
-        if isinstance(self.param_schedulers, dict):
-            return {n: [s.state_dict() for s in ss] for n, ss in self.param_schedulers.items()}
-        return [s.state_dict() for s in self.param_schedulers]
+        return map_schedulers(lambda s: s.state_dict(), self.param_schedulers)
 
     def load_model_state_dict(
         self,
@@ -467,46 +419,18 @@ class BaseStrategy:
         unexpected key is an error naming them, raised before anything is loaded; otherwise
         they, and tensors whose shape differs from the model's, are skipped with a warning.
         """
-        state_dict = revise_state_dict_keys(state_dict, revise_keys)
-        diff = state_dict_diff(state_dict, unwrap_model(self.model))
-        if strict and diff:
-            raise RuntimeError(
-                "strict load: the checkpoint does not match the model.\n"
-                f"  missing keys: {diff.missing}\n  unexpected keys: {diff.unexpected}\n"
-                f"  shape mismatches (checkpoint, model): {diff.shapes}\n"
-                "Pass strict=False to load what matches, or revise_keys=[(pattern, repl)] to "
-                "rename keys."
-            )
-        if diff:
-            self.logger.warning(
-                "loading a state dict that does not match the model: missing keys %s, "
-                "unexpected keys %s, shape mismatches (skipped) %s",
-                diff.missing,
-                diff.unexpected,
-                [k for k, _, _ in diff.shapes],
-            )
-        skipped = set(diff.unexpected) | {k for k, _, _ in diff.shapes}
-        usable = {k: v for k, v in state_dict.items() if k not in skipped}
+        usable = fitting_model_state(
+            state_dict, unwrap_model(self.model), strict, revise_keys, self.logger
+        )
         load_model_state(self.model, usable, self._load_options(usable))
 
     def load_optim_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load what :meth:`optim_state_dict` returned."""
-        wrappers = self._wrappers()
-        if SINGLE not in wrappers:
-            missing = sorted(set(wrappers) - set(state_dict))
-            if missing:
-                raise KeyError(f"the optimizer state has no entry for optimizer(s) {missing}")
-        for name, wrapper in wrappers.items():
-            state = state_dict if name == SINGLE else state_dict[name]
-            load_optim_state(self.model, wrapper, state, self._load_options(state["state"]))
+        load_optim_states(self.model, self._wrappers(), state_dict, self._load_options)
 
     def load_scheduler_state_dict(self, state_dict: Any) -> None:
         """Load what :meth:`scheduler_state_dict` returned."""
-        if isinstance(self.param_schedulers, dict):
-            for name, schedulers in self.param_schedulers.items():
-                load_schedulers(schedulers, state_dict[name])
-        else:
-            load_schedulers(self.param_schedulers, state_dict)
+        load_scheduler_states(self.param_schedulers, state_dict)
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -524,36 +448,12 @@ class BaseStrategy:
         (sharding strategies read it onto their shards)."""
         return read_checkpoint(path, map_location=map_location, verify_checksums=verify)
 
-    def save_checkpoint(
-        self,
-        filename: str | os.PathLike[str],
-        *,
-        save_optimizer: bool = True,
-        save_param_scheduler: bool = True,
-        extra_ckpt: Mapping[str, Any] | None = None,
-        callback: Callable[[dict[str, Any]], None] | None = None,
-        async_save: bool | None = None,
-        max_keep_ckpts: int | None = None,
-        series: str = "periodic",
-    ) -> Future | None:
-        """Save a checkpoint through the commit protocol, in the strategy's format (here the
-        full format: one file, written by rank 0).
-
-        A relative ``filename`` is taken inside ``work_dir``. ``extra_ckpt`` entries are
-        stored beside the state (its ``meta`` entries are merged into ``meta``);
-        ``callback(checkpoint)`` may edit the dict before it is written.
-
-        ``async_save`` (None: the strategy's ``async_save`` default) returns as soon as the
-        state is copied to host memory, with a future (``.done()``, ``.result()`` -> the
-        checkpoint's path) while the write and commit go on in the background; the next save,
-        :meth:`wait_for_checkpoint`, loading and interpreter exit wait for it, and its failure
-        (on any rank) is raised as :class:`CheckpointError` on every rank there. A synchronous
-        save returns None once the checkpoint is committed.
-
-        ``max_keep_ckpts`` (None: the strategy's default; -1: no limit) keeps only the newest
-        N checkpoints of the ``series`` (e.g. ``'periodic'``, ``'best_acc'``): once this one
-        is committed, rank 0 deletes the oldest beyond N (never the newest, never one being
-        written; see :mod:`shardwise.checkpoint.retention`). The lists survive a resume.
+    def save_checkpoint(self, filename: str | os.PathLike[str], **kwargs: Any) -> Future | None:
+        """Save a checkpoint, committed atomically, in the strategy's format (here the full
+        format: one file by rank 0). Keywords (:meth:`Checkpointer.save
+        <shardwise.strategies.checkpointer.Checkpointer.save>`): ``save_optimizer``,
+        ``save_param_scheduler``, ``extra_ckpt``, ``callback``, ``async_save`` (returns a
+        future once the state is in host memory), ``max_keep_ckpts``, ``series``.
 
         Example::
 
@@ -561,74 +461,33 @@ class BaseStrategy:
             >>> ...  # training goes on while the checkpoint is written
             >>> strategy.wait_for_checkpoint()  # committed (or CheckpointError)
         """
-        return self._checkpointer.save(
-            filename,
-            save_optimizer=save_optimizer,
-            save_param_scheduler=save_param_scheduler,
-            extra_ckpt=extra_ckpt,
-            callback=callback,
-            async_save=async_save,
-            max_keep_ckpts=max_keep_ckpts,
-            series=series,
-        )
+        return self._checkpointer.save(filename, **kwargs)
 
     def wait_for_checkpoint(self) -> None:
         """Block until the save in flight (if any) is committed; its failure, on any rank,
-        is raised here as :class:`CheckpointError` on every rank. Nothing to do after a
-        synchronous save."""
+        is raised here as :class:`CheckpointError` on every rank."""
         self._checkpointer.wait()
 
     def wait_for_staging(self) -> None:
-        """Block until the asynchronous save in flight has copied the state to host memory
-        (at once when there is none). The next optimizer step, and the next forward of a
-        model with buffers, call it; code that changes saved tensors in place before those
-        (e.g. clamping weights by hand) should call it first."""
+        """Block until the asynchronous save in flight has copied the state to host memory.
+        The next optimizer step (and forward, for a model with buffers) calls it; code that
+        changes saved tensors in place before those should call it first."""
         self._checkpointer.stager.wait_for_staging()
 
-    def load_checkpoint(
-        self,
-        filename: str | os.PathLike[str],
-        *,
-        map_location: Any = "cpu",
-        strict: bool = False,
-        revise_keys: Sequence[tuple[str, str]] = DEFAULT_REVISE_KEYS,
-        callback: Callable[[dict[str, Any]], None] | None = None,
-        verify_checksums: bool | None = None,
-    ) -> dict[str, Any]:
+    def load_checkpoint(self, filename: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
         """Load the model weights of a checkpoint; return the rest of it (``meta``,
-        ``optimizer``, extras). ``map_location='default'`` means this strategy's device.
-        ``verify_checksums`` (None: the strategy's default, True) compares the files with the
-        checksums recorded when they were saved while reading them, and refuses a mismatch."""
-        return self._checkpointer.load(
-            filename,
-            map_location=map_location,
-            strict=strict,
-            revise_keys=revise_keys,
-            callback=callback,
-            verify_checksums=verify_checksums,
-        )
+        ``optimizer``, extras). Keywords (:meth:`Checkpointer.load
+        <shardwise.strategies.checkpointer.Checkpointer.load>`): ``map_location``
+        (``'default'``: this strategy's device), ``strict``, ``revise_keys``, ``callback``,
+        ``verify_checksums`` (compare the files with their recorded checksums; default on)."""
+        return self._checkpointer.load(filename, **kwargs)
 
-    def resume(
-        self,
-        filename: str | os.PathLike[str],
-        *,
-        resume_optimizer: bool = True,
-        resume_param_scheduler: bool = True,
-        map_location: Any = "default",
-        callback: Callable[[dict[str, Any]], None] | None = None,
-        verify_checksums: bool | None = None,
-    ) -> dict[str, Any]:
+    def resume(self, filename: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
         """Restore model, optimizer, schedulers, seed and RNG states from a checkpoint, whole
-        or not at all (a checkpoint that does not fit the run is refused before anything is
-        loaded); ``verify_checksums`` as in :meth:`load_checkpoint`."""
-        return self._checkpointer.resume(
-            filename,
-            resume_optimizer=resume_optimizer,
-            resume_param_scheduler=resume_param_scheduler,
-            map_location=map_location,
-            callback=callback,
-            verify_checksums=verify_checksums,
-        )
+        or not at all. Keywords (:meth:`Checkpointer.resume
+        <shardwise.strategies.checkpointer.Checkpointer.resume>`): ``resume_optimizer``,
+        ``resume_param_scheduler``, ``map_location``, ``callback``, ``verify_checksums``."""
+        return self._checkpointer.resume(filename, **kwargs)
 
     def load_or_resume(
         self, *, load_from: str | None = None, resume: bool | str = False

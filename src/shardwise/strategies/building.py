@@ -8,12 +8,15 @@ from __future__ import annotations
 import copy
 import difflib
 import inspect
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.nn as nn
 
+from shardwise import dist
+from shardwise.env import set_multi_processing, set_resource_limit
 from shardwise.optim import (
     OptimWrapper,
     OptimWrapperDict,
@@ -22,11 +25,14 @@ from shardwise.optim import (
 )
 from shardwise.optim.parts import SINGLE, optim_wrapper_parts, part_optimizer
 from shardwise.optim.scheduler import _ParamScheduler
-from shardwise.registry import OPTIM_WRAPPERS
+from shardwise.registry import MODELS, OPTIM_WRAPPERS
 from shardwise.tree import contains
 
 __all__ = [
+    "build_model",
     "build_schedulers",
+    "compile_model",
+    "set_up_environment",
     "build_wrapper_part",
     "check_auto_scale_lr",
     "check_flags",
@@ -233,3 +239,53 @@ def _build_scheduler_list(
                 f"{type(item).__name__}: {item!r}"
             )
     return built
+
+
+def set_up_environment(
+    *,
+    launcher: str | None = None,
+    cudnn_benchmark: bool = False,
+    mp_cfg: Mapping[str, Any] | None = None,
+    dist_cfg: Mapping[str, Any] | None = None,
+    resource_limit: int = 4096,
+) -> tuple[str, bool, str]:
+    """Set up what a run needs from its process: the launcher (inferred when None) and its
+    process group, multiprocessing, cuDNN's benchmark mode, the open-file limit. Returns
+    ``(launcher, distributed, timestamp)``, the timestamp rank 0's (every rank names the run
+    the same)."""
+    launcher = dist.infer_launcher() if launcher is None else launcher
+    distributed = launcher != "none" or dist.is_distributed()
+    set_multi_processing(**(mp_cfg or {}), distributed=distributed)
+    if launcher != "none" and not dist.is_distributed():
+        dist.init_dist(launcher, **(dist_cfg or {}))
+    if cudnn_benchmark:
+        torch.backends.cudnn.benchmark = True
+    set_resource_limit(resource_limit)
+    stamp = torch.tensor(time.time(), dtype=torch.float64)
+    dist.broadcast(stamp, src=0)
+    return launcher, distributed, time.strftime("%Y%m%d_%H%M%S", time.localtime(stamp.item()))
+
+
+def build_model(model: nn.Module | Mapping[str, Any]) -> nn.Module:
+    """``model`` itself, or built from a config through ``MODELS``."""
+    if isinstance(model, nn.Module):
+        return model
+    if isinstance(model, Mapping):
+        built = MODELS.build(model)
+        if not isinstance(built, nn.Module):
+            raise TypeError(
+                f"the model config {dict(model)} built a {type(built).__name__}, not an nn.Module"
+            )
+        return built
+    raise TypeError(f"model must be an nn.Module or a config dict, got {type(model).__name__}")
+
+
+def compile_model(model: nn.Module, compile: bool | Mapping[str, Any], logger: Any) -> nn.Module:
+    """``torch.compile`` the model's ``target`` method (see ``BaseStrategy.compile_model``)."""
+    if not compile:
+        return model
+    cfg = {} if compile is True else dict(compile)
+    target = cfg.pop("target", "forward")
+    setattr(model, target, torch.compile(getattr(model, target), **cfg))
+    logger.info("Compiled %s.%s; the first iterations will be slow.", type(model).__name__, target)
+    return model

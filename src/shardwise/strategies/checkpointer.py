@@ -202,7 +202,31 @@ class Checkpointer:
         max_keep_ckpts: int | None = None,
         series: str = "periodic",
     ) -> Future | None:
-        """``BaseStrategy.save_checkpoint`` (its docstring says what each argument does)."""
+        """Save a checkpoint through the commit protocol, in the strategy's format (the
+        base strategy's: the full format, one file written by rank 0).
+
+        A relative ``filename`` is taken inside ``work_dir``. ``extra_ckpt`` entries are
+        stored beside the state (its ``meta`` entries are merged into ``meta``);
+        ``callback(checkpoint)`` may edit the dict before it is written.
+
+        ``async_save`` (None: the strategy's ``async_save`` default) returns as soon as the
+        state is copied to host memory, with a future (``.done()``, ``.result()`` -> the
+        checkpoint's path) while the write and commit go on in the background; the next save,
+        :meth:`wait_for_checkpoint`, loading and interpreter exit wait for it, and its failure
+        (on any rank) is raised as :class:`CheckpointError` on every rank there. A synchronous
+        save returns None once the checkpoint is committed.
+
+        ``max_keep_ckpts`` (None: the strategy's default; -1: no limit) keeps only the newest
+        N checkpoints of the ``series`` (e.g. ``'periodic'``, ``'best_acc'``): once this one
+        is committed, rank 0 deletes the oldest beyond N (never the newest, never one being
+        written; see :mod:`shardwise.checkpoint.retention`). The lists survive a resume.
+
+        Example::
+
+            >>> future = strategy.save_checkpoint('iter_1000.pth', async_save=True)
+            >>> ...  # training goes on while the checkpoint is written
+            >>> strategy.wait_for_checkpoint()  # committed (or CheckpointError)
+        """
         self.wait()
         s = self.strategy
         if not s._prepared:
@@ -341,7 +365,13 @@ class Checkpointer:
         callback: Callable[[dict[str, Any]], None] | None = None,
         verify_checksums: bool | None = None,
     ) -> dict[str, Any]:
-        """``BaseStrategy.load_checkpoint`` (its docstring says what each argument does)."""
+        """Load the model weights of a checkpoint; return the rest of it (``meta``,
+        ``optimizer``, extras). ``map_location='default'`` means the strategy's device;
+        ``strict`` refuses missing, unexpected and mismatched keys (else they are skipped with
+        a warning); ``revise_keys`` are ``(pattern, replacement)`` regexes applied to the
+        keys; ``callback(checkpoint)`` sees it before it is used; ``verify_checksums`` (None:
+        the strategy's default, True) compares the files with the checksums recorded when
+        they were saved while reading them, and refuses a mismatch."""
         self.wait()
         checkpoint = self._read(filename, map_location, verify_checksums)
         if callback is not None:
@@ -369,7 +399,10 @@ class Checkpointer:
         callback: Callable[[dict[str, Any]], None] | None = None,
         verify_checksums: bool | None = None,
     ) -> dict[str, Any]:
-        """``BaseStrategy.resume`` (its docstring says what each argument does)."""
+        """Restore model, optimizer, schedulers, seed and RNG states from a checkpoint, whole
+        or not at all: a checkpoint that does not fit the run is refused before anything is
+        loaded (:mod:`.matching`). ``resume_optimizer`` / ``resume_param_scheduler``: restore
+        those too; ``map_location``, ``callback``, ``verify_checksums`` as in :meth:`load`."""
         self.wait()
         s = self.strategy
         if not s._prepared:

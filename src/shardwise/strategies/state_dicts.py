@@ -10,7 +10,7 @@ parameter name, with the wrapper's own state (a loss scaler) beside it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,14 +24,21 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from shardwise.optim import OptimWrapper
+from shardwise.optim.parts import SINGLE
 from shardwise.optim.scheduler import _ParamScheduler
 
+from .matching import revise_state_dict_keys, state_dict_diff
+
 __all__ = [
+    "fitting_model_state",
     "get_optim_state",
     "holds_tensor_state",
     "load_model_state",
     "load_optim_state",
+    "load_optim_states",
+    "load_scheduler_states",
     "load_schedulers",
+    "map_schedulers",
     "model_state",
 ]
 
@@ -39,6 +46,39 @@ __all__ = [
 def model_state(model: nn.Module, options: StateDictOptions) -> dict[str, Any]:
     """The model's state dict, keyed as the plain module's keys."""
     return get_model_state_dict(model, options=options)
+
+
+def fitting_model_state(
+    state_dict: Mapping[str, Any],
+    model: nn.Module,
+    strict: bool,
+    revise_keys: Sequence[tuple[str, str]],
+    logger: Any,
+) -> dict[str, Any]:
+    """The entries of ``state_dict`` (keys revised) that fit ``model``; with ``strict`` any
+    missing or unexpected key or shape mismatch is an error naming them, else they are
+    skipped with a warning."""
+    state_dict = revise_state_dict_keys(state_dict, revise_keys)
+    diff = state_dict_diff(state_dict, model)
+    if strict and diff:
+        raise RuntimeError(
+            "strict load: the checkpoint does not match the model.\n"
+            f"  missing keys: {diff.missing}\n  unexpected keys: {diff.unexpected}\n"
+            f"  shape mismatches (checkpoint, model): {diff.shapes}\n"
+            "Pass strict=False to load what matches, or revise_keys=[(pattern, repl)] to "
+            "rename keys."
+        )
+    if diff:
+        logger.warning(
+            "loading a state dict that does not match the model: missing keys %s, "
+            "unexpected keys %s, shape mismatches (skipped) %s",
+            diff.missing,
+            diff.unexpected,
+            [k for k, _, _ in diff.shapes],
+        )
+    skipped = set(diff.unexpected) | {k for k, _, _ in diff.shapes}
+    usable = {k: v for k, v in state_dict.items() if k not in skipped}
+    return usable
 
 
 def load_model_state(model: nn.Module, state: dict[str, Any], options: StateDictOptions) -> None:
@@ -79,6 +119,23 @@ def load_optim_state(
         wrapper.load_state_dict({**wrapper.optimizer.state_dict(), **extras})
 
 
+def load_optim_states(
+    model: nn.Module,
+    wrappers: Mapping[str, OptimWrapper],
+    state_dict: Mapping[str, Any],
+    options_for: Callable[[Any], StateDictOptions],
+) -> None:
+    """Load every wrapper's state (``wrappers`` as ``optim_wrapper_parts`` gives them; the
+    state of a single one is ``state_dict`` itself), with ``options_for(per-param state)``."""
+    if SINGLE not in wrappers:
+        missing = sorted(set(wrappers) - set(state_dict))
+        if missing:
+            raise KeyError(f"the optimizer state has no entry for optimizer(s) {missing}")
+    for name, wrapper in wrappers.items():
+        state = state_dict if name == SINGLE else state_dict[name]
+        load_optim_state(model, wrapper, state, options_for(state["state"]))
+
+
 def holds_tensor_state(optim_state: Mapping[str, Any]) -> bool:
     """Whether an optimizer state holds per-parameter tensors (SGD without momentum does
     not)."""
@@ -87,6 +144,22 @@ def holds_tensor_state(optim_state: Mapping[str, Any]) -> bool:
         for per_param in optim_state.get("state", {}).values()
         for v in per_param.values()
     )
+
+
+def map_schedulers(fn: Callable[[_ParamScheduler], Any], schedulers: Any) -> Any:
+    """``fn`` of each scheduler: a list, or a dict of lists by optimizer name."""
+    if isinstance(schedulers, dict):
+        return {name: [fn(s) for s in group] for name, group in schedulers.items()}
+    return [fn(s) for s in schedulers]
+
+
+def load_scheduler_states(schedulers: Any, states: Any) -> None:
+    """Load what :func:`map_schedulers` of ``state_dict`` gave (a list, or lists by name)."""
+    if isinstance(schedulers, dict):
+        for name, group in schedulers.items():
+            load_schedulers(group, states[name])
+    else:
+        load_schedulers(schedulers, states)
 
 
 def load_schedulers(schedulers: Sequence[_ParamScheduler], states: Sequence[Any]) -> None:
