@@ -236,15 +236,16 @@ def run_trial(trial: Trial, root: Path, width: int = 200_000) -> Outcome:
     continued = re.search(r"Continuing at epoch \d+, iteration (\d+)", text)
     outcome.resumed_from = int(continued.group(1)) if continued else 0
     final = work_dir / f"iter_{MAX_ITERS}.pth"
+    damaged = _verify_all(work_dir) if final.exists() else [f"{final.name} is missing"]
     if resumed.returncode != 0:
         outcome.status = "corrupt"
         outcome.reason = f"the resume exited {resumed.returncode}: {text.strip()[-400:]}"
     elif outcome.resumed_from != expected:
         outcome.status = "corrupt"
         outcome.reason = f"resumed at iteration {outcome.resumed_from}, expected {expected}"
-    elif not final.exists() or _verify_all(work_dir):
+    elif damaged:
         outcome.status = "corrupt"
-        outcome.reason = f"the final checkpoint is missing or damaged: {_verify_all(work_dir)}"
+        outcome.reason = f"the final checkpoint is missing or damaged: {damaged}"
     outcome.seconds = round(time.monotonic() - start, 1)
     return outcome
 

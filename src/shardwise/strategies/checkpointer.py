@@ -432,10 +432,11 @@ class Checkpointer:
                 "resume_optimizer=True but this strategy has no optimizer wrapper; pass "
                 "optim_wrapper to prepare() or resume(..., resume_optimizer=False)"
             )
-        absent = {"optimizer": "optimizer", "param_schedulers": "parameter scheduler"}
-        for key, what in absent.items():
+        for key, what, option in (
+            ("optimizer", "optimizer", "resume_optimizer"),
+            ("param_schedulers", "parameter scheduler", "resume_param_scheduler"),
+        ):
             if key in states and key not in checkpoint:
-                option = "resume_optimizer" if key == "optimizer" else "resume_param_scheduler"
                 raise KeyError(
                     f"{filename} has no {what} state; resume with {option}=False to "
                     "restore the rest of it"
