@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import torch
 
 from shardwise.checkpoint import CheckpointError
 from shardwise.checkpoint.convert import convert_checkpoint
-from shardwise.checkpoint.inspect import inspect_checkpoint
+from shardwise.checkpoint.inspect import format_inspection, inspect_checkpoint
 from shardwise.checkpoint.manifest import (
     manifest_path,
     read_manifest,
@@ -29,6 +30,7 @@ from shardwise.cli import main
 from shardwise.strategies import FSDPStrategy, SingleDeviceStrategy
 from tests.distributed import REPO, run_distributed
 from tests.test_fsdp import full_weights
+from tests.test_tensor_parallel import PLAN, TPTransformer, run_steps
 from tests.toy import ToyNet, final_weights, train_steps
 
 OPTIM = dict(optimizer=dict(type="AdamW", lr=0.01))
@@ -181,6 +183,66 @@ def test_inspect_a_local_checkpoint_lists_its_rank_files(fsdp_ckpts, capsys):
     assert "format      local (directory of 2 rank files" in out
     assert "rank0.pth" in out and "rank1.pth" in out
     assert "shapes below are rank 0's shards" in out
+
+
+def _model_entries(summary) -> dict[str, dict]:
+    return {t["name"]: t for t in summary["tensors"] if t["section"] == "state_dict"}
+
+
+def _tp_save(path: str) -> dict[str, str]:
+    """Two ranks, tensor parallel on both (dp_shard=1, tp=2), save a sharded checkpoint;
+    returns every parameter's placements as the run saw them."""
+    strategy = FSDPStrategy(
+        work_dir=str(Path(path).parent),
+        parallelism=dict(tp=2),
+        tp_plan=PLAN,
+        env_kwargs=dict(randomness=dict(seed=0)),
+    )
+    model, wrapper = strategy.prepare(TPTransformer(), optim_wrapper=OPTIM)
+    run_steps(strategy, model, wrapper, 1)  # the optimizer holds state
+    strategy.save_checkpoint(path)
+    return {name: [repr(p) for p in param.placements] for name, param in model.named_parameters()}
+
+
+def test_inspect_shows_the_mesh_and_placements_a_tensor_parallel_checkpoint_was_saved_from(
+    tmp_path, capsys
+):
+    path = tmp_path / "tp.ckpt"
+    seen = run_distributed(_tp_save, 2, str(path), timeout=180)[0]
+    summary = inspect_checkpoint(path)
+    assert summary["mesh"] == {"dp_shard": 1, "tp": 2}
+    model = _model_entries(summary)
+    q, ln_f = model["blocks.0.q.weight"]["placements"], model["ln_f.weight"]["placements"]
+    assert q["mesh"] == ["dp_shard", "tp"] and q["placements"][1] == "Shard(dim=0)"
+    assert ln_f == dict(mesh=["dp_shard"], placements=["Shard(dim=0)"])  # not split by TP
+    assert q["placements"] == seen["blocks.0.q.weight"]
+    assert all("placements" in t for t in model.values())  # every model tensor is a parameter
+    optimizer = [t for t in summary["tensors"] if t["section"] == "optimizer"]
+    assert optimizer and not any("placements" in t for t in optimizer)
+    assert summary["meta"]["placements"] == f"<{len(model)} parameter(s)>"
+    text = format_inspection(summary)
+    assert "\nmesh        dp_shard=1, tp=2\n" in text
+    layout = re.escape("dp_shard×tp: " + ", ".join(q["placements"]))
+    assert re.search(rf"\n  blocks\.0\.q\.weight +float32 +\[16, 16\]  {layout}\n", text)
+    assert re.search(r"\n  ln_f\.weight +float32 +\[16\] +dp_shard: Shard\(dim=0\)\n", text)
+    code, out, _ = _run(capsys, "inspect", path, "--json")
+    assert code == 0 and json.loads(out) == summary
+
+
+def test_inspect_shows_the_mesh_of_a_plain_fsdp_checkpoint_and_none_for_one_device(
+    fsdp_ckpts, full_ckpt
+):
+    work_dir, _ = fsdp_ckpts
+    for name in ("sharded.ckpt", "local.ckpt"):
+        summary = inspect_checkpoint(work_dir / name)
+        assert summary["mesh"] == {"dp_shard": 2}
+        placements = _model_entries(summary)["net.0.weight"]["placements"]
+        assert placements == dict(mesh=["dp_shard"], placements=["Shard(dim=0)"])
+        assert "net.0.weight" in format_inspection(summary)
+    single = inspect_checkpoint(full_ckpt)
+    assert single["mesh"] is None and "placements" not in single["meta"]
+    assert not any("placements" in t for t in single["tensors"])
+    assert "mesh " not in format_inspection(single)
 
 
 # ----------------------------------------------------------------------------- convert

@@ -2,7 +2,7 @@
 
 Examples::
 
-    shardwise ckpt inspect work_dirs/gpt/iter_1000.pth           # format, meta, tensors
+    shardwise ckpt inspect work_dirs/gpt/iter_1000.pth           # format, meta, mesh, tensors
     shardwise ckpt inspect work_dirs/gpt/iter_1000.pth --json    # the same, for scripts
     shardwise ckpt convert iter_1000.pth gpt.safetensors --to safetensors --dtype bf16
     shardwise ckpt convert iter_1000.pth iter_1000_full.pth --to full --model-only
@@ -43,7 +43,8 @@ def add_ckpt_parser(sub: argparse._SubParsersAction) -> None:
         "inspect",
         help="describe a checkpoint without loading its tensors",
         description="Print a checkpoint's format, files, meta (strategy, world size, "
-        "epoch/iter) and every model and optimizer tensor's shape and dtype, read from its "
+        "epoch/iter, the device mesh it was saved from) and every model and optimizer tensor's "
+        "shape and dtype (and a model tensor's placements on the mesh), read from its "
         "metadata only.",
     )
     inspect.add_argument("path", help="a checkpoint file or directory, or a .safetensors file")
@@ -108,8 +109,20 @@ def _inspect(args: argparse.Namespace) -> int:
         return _error("inspect", exc, _BAD_INPUT)
     except CheckpointError as exc:
         return _error("inspect", exc, _DAMAGED)
-    print(json.dumps(summary, indent=2) if args.json else format_inspection(summary))
+    print(json.dumps(summary, indent=2) if args.json else _printable(format_inspection(summary)))
     return 0
+
+
+def _printable(text: str) -> str:
+    """``text`` as stdout can encode it (``dp_shard×tp`` becomes ``dp_shardxtp`` on ASCII)."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        text = text.replace("×", "x").encode(encoding, "replace").decode(encoding)
+    except LookupError:  # an encoding Python does not know: leave it to print
+        pass
+    return text
 
 
 def _convert(args: argparse.Namespace) -> int:

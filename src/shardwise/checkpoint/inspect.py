@@ -3,7 +3,9 @@
 :func:`inspect_checkpoint` returns a JSON-ready summary — format, files, who saved it (strategy,
 world size, shardwise version, time), the training position (epoch / iter / step) when ``meta``
 records one, and every model and optimizer tensor's shape, dtype and size — read from the
-checkpoint's metadata alone (see :func:`~shardwise.checkpoint.reader.open_checkpoint`).
+checkpoint's metadata alone (see :func:`~shardwise.checkpoint.reader.open_checkpoint`). A
+checkpoint saved from a DeviceMesh records the mesh and each DTensor parameter's placements
+in ``meta`` (``mesh``, ``placements``); they are shown with the model tensors.
 :func:`format_inspection` renders it for a terminal.
 
 Example::
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 
 from .manifest import manifest_path
-from .reader import TENSOR_SECTIONS, LocalReader, TensorInfo, open_checkpoint
+from .reader import MODEL, TENSOR_SECTIONS, LocalReader, TensorInfo, open_checkpoint
 
 __all__ = ["format_inspection", "inspect_checkpoint"]
 
@@ -35,8 +37,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _tensor_entry(info: TensorInfo) -> dict[str, Any]:
-    return dict(
+def _tensor_entry(info: TensorInfo, placements: dict[str, Any]) -> dict[str, Any]:
+    entry = dict(
         key=info.key,
         section=info.section,
         name=info.name,
@@ -44,6 +46,34 @@ def _tensor_entry(info: TensorInfo) -> dict[str, Any]:
         dtype=_dtype_name(info.dtype),
         nbytes=info.nbytes,
     )
+    if info.section == MODEL and info.name in placements:
+        entry["placements"] = placements[info.name]
+    return entry
+
+
+def _saved_mesh(meta: dict[str, Any]) -> dict[str, int] | None:
+    """``meta['mesh']`` (dimension name -> size) when it is one."""
+    mesh = meta.get("mesh")
+    if isinstance(mesh, dict) and all(isinstance(n, int) for n in mesh.values()):
+        return {str(k): v for k, v in mesh.items()}
+    return None
+
+
+def _saved_placements(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta['placements']`` by parameter name, the well-formed entries only:
+    ``dict(mesh=[dimension names], placements=[one string per dimension])``."""
+    recorded = meta.get("placements")
+    if not isinstance(recorded, dict):
+        return {}
+    return {
+        str(name): dict(
+            mesh=[str(d) for d in v["mesh"]], placements=[str(p) for p in v["placements"]]
+        )
+        for name, v in recorded.items()
+        if isinstance(v, dict)
+        and isinstance(v.get("mesh"), list | tuple)
+        and isinstance(v.get("placements"), list | tuple)
+    }
 
 
 def _jsonable(value: Any) -> Any:
@@ -59,10 +89,13 @@ def _jsonable(value: Any) -> Any:
 
 
 def _meta_summary(meta: dict[str, Any]) -> dict[str, Any]:
-    """``meta`` for display: RNG states are counted, not printed."""
-    summary = {k: v for k, v in meta.items() if k != "rng_states"}
+    """``meta`` for display: RNG states and placements (shown with the tensors) are
+    counted, not printed."""
+    summary = {k: v for k, v in meta.items() if k not in ("rng_states", "placements")}
     if "rng_states" in meta:
         summary["rng_states"] = f"<{len(meta['rng_states'])} rank(s)>"
+    if isinstance(meta.get("placements"), dict):
+        summary["placements"] = f"<{len(meta['placements'])} parameter(s)>"
     return _jsonable(summary)
 
 
@@ -80,6 +113,7 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     base = path if path.is_dir() else path.parent
     files = [dict(name=name, size=(base / name).stat().st_size) for name in reader.files]
     tensors = reader.tensors()
+    placements = _saved_placements(meta)
     sections = {
         section: dict(
             count=len(found := [t for t in tensors if t.section == section]),
@@ -103,13 +137,14 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         size=sum(f["size"] for f in files),
         manifest=manifest_path(path).is_file(),
         world_size=world_size,
+        mesh=_saved_mesh(meta),
         **{key: meta.get(key) for key in _SAVED_BY_KEYS},
         position={key: meta[key] for key in _POSITION_KEYS if key in meta},
         tensor_count=len(tensors),
         tensor_bytes=sum(t.nbytes for t in tensors),
         sections=sections,
         other_keys=sorted(k for k in reader.skeleton if k not in (*TENSOR_SECTIONS, "meta")),
-        tensors=[_tensor_entry(t) for t in tensors],
+        tensors=[_tensor_entry(t, placements) for t in tensors],
         meta=_meta_summary(meta),
     )
     if isinstance(reader, LocalReader):
@@ -150,6 +185,8 @@ def format_inspection(summary: dict[str, Any]) -> str:
     ]
     if any(saved_by):
         lines.append("saved by    " + ", ".join(str(s) for s in saved_by if s))
+    if summary.get("mesh"):
+        lines.append("mesh        " + ", ".join(f"{k}={v}" for k, v in summary["mesh"].items()))
     if summary.get("seed") is not None:
         lines.append(f"seed        {summary['seed']}")
     if summary["position"]:
@@ -172,9 +209,20 @@ def format_inspection(summary: dict[str, Any]) -> str:
     for section in summary["sections"]:
         entries = [t for t in summary["tensors"] if t["section"] == section]
         width = max(len(t["name"]) for t in entries)
+        shapes = ["[" + ", ".join(str(d) for d in t["shape"]) + "]" for t in entries]
+        shape_width = max(len(shape) for shape in shapes)
         lines.append("")
         lines.append(f"{section}:")
-        for t in entries:
-            shape = "[" + ", ".join(str(d) for d in t["shape"]) + "]"
-            lines.append(f"  {t['name']:<{width}}  {t['dtype']:<9} {shape}")
+        for t, shape in zip(entries, shapes):
+            line = f"  {t['name']:<{width}}  {t['dtype']:<9} "
+            if "placements" in t:  # aligned after the widest shape
+                line += f"{shape:<{shape_width}}  {_layout(t['placements'])}"
+            else:
+                line += shape
+            lines.append(line)
     return "\n".join(lines)
+
+
+def _layout(placements: dict[str, Any]) -> str:
+    """``dp_shard×tp: _StridedShard(dim=0, sf=2), Shard(dim=0)``"""
+    return "×".join(placements["mesh"]) + ": " + ", ".join(placements["placements"])

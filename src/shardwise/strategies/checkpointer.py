@@ -45,6 +45,7 @@ from .matching import (
     revise_state_dict_keys,
     unwrap_model,
 )
+from .state_dicts import saved_layout
 
 __all__ = ["DEFAULT_REVISE_KEYS", "Checkpointer", "State", "where_to_start"]
 
@@ -112,8 +113,8 @@ class Checkpointer:
         return states
 
     def _meta(self, fmt: CheckpointFormat) -> dict[str, Any]:
-        """What every checkpoint records besides the state: who wrote it, when, and the
-        random state of every rank (a collective: every rank must call it)."""
+        """What every checkpoint records besides the state: who wrote it, when, every rank's
+        random state (a collective: every rank must call it), its layout (:func:`saved_layout`)."""
         s = self.strategy
         return dict(
             shardwise_version=shardwise.__version__,
@@ -126,6 +127,7 @@ class Checkpointer:
             strategy=type(s).__name__,
             format=fmt.name,
             rng_states=dist.all_gather_object(capture_rng_state()),
+            **saved_layout(s),
         )
 
     def _restore_randomness(self, meta: Mapping[str, Any]) -> None:

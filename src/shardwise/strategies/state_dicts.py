@@ -4,7 +4,8 @@ through torch's ``torch.distributed.checkpoint.state_dict`` helpers.
 A strategy says only *how*: the ``StateDictOptions`` its state is taken with (full tensors on
 the CPU, or DTensor shards) and loaded with (shard to shard, or full tensors broadcast from
 rank 0); these functions do the rest, the same for every strategy. Optimizer state is keyed by
-parameter name, with the wrapper's own state (a loss scaler) beside it.
+parameter name, with the wrapper's own state (a loss scaler) beside it. :func:`saved_layout`
+describes the mesh and placements a checkpoint is saved from, for its ``meta``.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from shardwise.optim import OptimWrapper
 from shardwise.optim.parts import SINGLE
 from shardwise.optim.scheduler import _ParamScheduler
 
-from .matching import revise_state_dict_keys, state_dict_diff
+from .matching import revise_state_dict_keys, state_dict_diff, unwrap_model
+from .parallelize import clean_name
 
 __all__ = [
     "fitting_model_state",
@@ -40,12 +44,43 @@ __all__ = [
     "load_schedulers",
     "map_schedulers",
     "model_state",
+    "saved_layout",
 ]
 
 
 def model_state(model: nn.Module, options: StateDictOptions) -> dict[str, Any]:
     """The model's state dict, keyed as the plain module's keys."""
     return get_model_state_dict(model, options=options)
+
+
+def _dim_names(mesh: DeviceMesh) -> list[str]:
+    names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
+    return [str(name) for name in names]
+
+
+def saved_layout(strategy: Any) -> dict[str, Any]:
+    """The layout a checkpoint is saved from, for its ``meta`` (plain strings, lists and
+    dicts; no collective): ``mesh`` (dimension name -> size) when the strategy has a
+    ``DeviceMesh``, and ``placements`` of every DTensor parameter of its prepared model, by
+    state-dict key: ``dict(mesh=[dimension names], placements=['Shard(dim=0)', ...])``
+    (``repr``: ``str`` is torch's short form, ``S(0)``)."""
+    layout: dict[str, Any] = {}
+    mesh = getattr(strategy, "mesh", None)
+    if isinstance(mesh, DeviceMesh):
+        layout["mesh"] = dict(zip(_dim_names(mesh), (int(n) for n in mesh.shape), strict=True))
+    model = getattr(strategy, "model", None)
+    if not getattr(strategy, "_prepared", False) or not isinstance(model, nn.Module):
+        return layout
+    placements = {
+        clean_name(name): dict(
+            mesh=_dim_names(param.device_mesh), placements=[repr(p) for p in param.placements]
+        )
+        for name, param in unwrap_model(model).named_parameters(remove_duplicate=False)
+        if isinstance(param, DTensor)
+    }
+    if placements:
+        layout["placements"] = placements
+    return layout
 
 
 def fitting_model_state(
