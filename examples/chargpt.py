@@ -84,17 +84,18 @@ class StdlibChars(Dataset):
 class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
         super().__init__()
-        self.n_head, self.dropout = n_head, dropout
-        self.qkv = nn.Linear(n_embd, 3 * n_embd)
+        self.n_head, self.head_dim, self.dropout = n_head, n_embd // n_head, dropout
+        self.q, self.k, self.v = (nn.Linear(n_embd, n_embd) for _ in range(3))
+        self.qkv = (self.q, self.k, self.v)
         self.proj = nn.Linear(n_embd, n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        B, T, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds n_head / tp of them
+        q, k, v = (m(x).view(B, T, -1, self.head_dim).transpose(1, 2) for m in self.qkv)
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class GPTBlock(nn.Module):
@@ -119,6 +120,20 @@ class CharGPT(nn.Module):
     ``forward(idx, targets)`` returns ``dict(loss=cross_entropy)``; ``forward(idx)`` returns
     the logits of every position.
     """
+
+    #: How tensor parallelism splits it (``tp_plan='auto'``): attention by heads, the MLP
+    #: by its hidden units (Megatron's column-then-row pairs), the vocabulary of the embedding
+    #: and the head; the head's logits are gathered whole for the loss.
+    _tp_plan = {
+        "tok_emb": "embedding_rowwise",
+        "blocks.*.attn.q": "colwise",
+        "blocks.*.attn.k": "colwise",
+        "blocks.*.attn.v": "colwise",
+        "blocks.*.attn.proj": "rowwise",
+        "blocks.*.mlp.0": "colwise",
+        "blocks.*.mlp.2": "rowwise",
+        "head": "colwise_gather_output",
+    }
 
     def __init__(
         self,

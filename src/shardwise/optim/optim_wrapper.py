@@ -47,6 +47,18 @@ _CLIP_KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 }
 
 
+def by_mesh(params: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``params`` grouped by the mesh of their gradients (plain gradients together).
+
+    Gradients on different meshes (a tensor-parallel block on dp × tp, a head on dp alone)
+    and plain ones cannot share one kernel; each mesh's norm is reduced over that mesh."""
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for p in params:
+        mesh = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+        groups.setdefault(mesh, []).append(p)
+    return list(groups.values())
+
+
 def clip_grad_norm_(
     parameters: torch.Tensor | Iterable[torch.Tensor],
     max_norm: float,
@@ -67,15 +79,7 @@ def clip_grad_norm_(
         parameters = [parameters]
     with_grad = [p for p in parameters if p.grad is not None]
     norm_type = float(norm_type)
-    # DTensor and plain gradients cannot share one foreach kernel: handle them apart.
-    partitions = [
-        part
-        for part in (
-            [p for p in with_grad if isinstance(p.grad, DTensor)],
-            [p for p in with_grad if not isinstance(p.grad, DTensor)],
-        )
-        if part
-    ]
+    partitions = by_mesh(with_grad)
     if not partitions:
         return torch.tensor(0.0)
     norms = []
@@ -259,7 +263,8 @@ class OptimWrapper(BaseOptimWrapper):
             if self.message_hub is not None:
                 self.message_hub.update_scalar("train/grad_norm", self.last_grad_norm)
         else:
-            torch.nn.utils.clip_grad_value_(params, **self.clip_grad_kwargs)
+            for part in by_mesh(params):
+                torch.nn.utils.clip_grad_value_(part, **self.clip_grad_kwargs)
 
     # ------------------------------------------------------------------ gradient accumulation
 

@@ -140,7 +140,12 @@ def seed_worker(worker_id: int) -> None:
 
 
 def build_dataloader(
-    dataloader: DataLoader | Mapping[str, Any], *, seed: int = 0, shuffle: bool = True
+    dataloader: DataLoader | Mapping[str, Any],
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    num_replicas: int | None = None,
+    rank: int | None = None,
 ) -> DataLoader:
     """A ``DataLoader`` from an object (returned as it is) or a config.
 
@@ -151,6 +156,7 @@ def build_dataloader(
     'pseudo_collate')``; torch's ``default_collate`` by default), and the ``DataLoader``
     keywords ``pin_memory``, ``drop_last``, ``persistent_workers``, ``prefetch_factor``.
     ``shuffle`` is the default when neither the config nor its sampler says.
+    ``num_replicas`` and ``rank`` split the data (default: the process group's world and rank).
     """
     if isinstance(dataloader, DataLoader):
         return dataloader
@@ -182,6 +188,8 @@ def build_dataloader(
         shuffle=shuffle,
         seed=seed if sampler_seed is None else int(sampler_seed),
         generator=generator,
+        num_replicas=num_replicas,
+        rank=rank,
     )
     kwargs = {k: cfg.pop(k) for k in _LOADER_KEYS if k in cfg}
     cfg.pop("worker_init_fn", None)

@@ -415,6 +415,17 @@ class Runner:
         return getattr(self.test_loop, "evaluator", None)
 
     # ------------------------------------------------------------------ building the run
+    def _build_dataloader(self, cfg: Any, *, shuffle: bool) -> Any:
+        """A dataloader whose sampler splits the data over the data-parallel ranks
+        (tensor-parallel peers read the same batches)."""
+        return build_dataloader(
+            cfg,
+            seed=self._data_seed(),
+            shuffle=shuffle,
+            num_replicas=self.strategy.data_parallel_size,
+            rank=self.strategy.data_parallel_rank,
+        )
+
     def _data_seed(self) -> int:
         """One seed for every rank's sampler (rank 0's, also with ``diff_rank_seed``)."""
         return int(dist.broadcast_object(self.seed))
@@ -457,17 +468,13 @@ class Runner:
     def _build_val(self) -> None:
         if self._val_dataloader_cfg is None or self.val_loop is not None:
             return
-        self.val_dataloader = build_dataloader(
-            self._val_dataloader_cfg, seed=self._data_seed(), shuffle=False
-        )
+        self.val_dataloader = self._build_dataloader(self._val_dataloader_cfg, shuffle=False)
         self.val_loop = self.build_val_loop()
 
     def _build_test(self) -> None:
         if self.test_loop is not None:
             return
-        self.test_dataloader = build_dataloader(
-            self._test_dataloader_cfg, seed=self._data_seed(), shuffle=False
-        )
+        self.test_dataloader = self._build_dataloader(self._test_dataloader_cfg, shuffle=False)
         self.test_loop = self.build_test_loop()
 
     def _prepare_model(self) -> None:
@@ -489,9 +496,7 @@ class Runner:
                 "Runner.train() needs train_dataloader, train_cfg and optim_wrapper; this runner "
                 "was built without them"
             )
-        self.train_dataloader = build_dataloader(
-            self._train_dataloader_cfg, seed=self._data_seed(), shuffle=True
-        )
+        self.train_dataloader = self._build_dataloader(self._train_dataloader_cfg, shuffle=True)
         self.train_loop = self.build_train_loop()
         self._build_val()
         dispatch = dict(

@@ -4,14 +4,15 @@ from .base import BaseStrategy
 from .ddp import DDPStrategy, ShardwiseDistributedDataParallel
 from .fsdp import FSDPStrategy, fully_shard_model, rebuild_optimizer, shard_model
 from .fsdp_config import FSDPConfig, parse_model_wrapper, parse_state_dict_cfg
+from .mesh import Degrees, build_device_mesh, resolve_degrees
 from .parallelize import (
     apply_activation_checkpointing,
     apply_fsdp,
-    build_device_mesh,
     materialize_model,
     select_modules_to_shard,
 )
 from .single_device import SingleDeviceStrategy, revert_sync_batchnorm
+from .tensor_parallel import ReplicateParallel, apply_tensor_parallel, parse_tp_plan, resolve_styles
 
 __all__ = [
     "BaseStrategy",
@@ -20,6 +21,12 @@ __all__ = [
     "FSDPStrategy",
     "ShardwiseDistributedDataParallel",
     "FSDPConfig",
+    "Degrees",
+    "ReplicateParallel",
+    "apply_tensor_parallel",
+    "parse_tp_plan",
+    "resolve_degrees",
+    "resolve_styles",
     "apply_activation_checkpointing",
     "apply_fsdp",
     "build_device_mesh",

@@ -26,7 +26,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from shardwise import dist
 from shardwise.checkpoint.formats import FULL, CheckpointFormat, read_checkpoint
-from shardwise.checkpoint.retention import check_max_keep_ckpts
 from shardwise.env import collect_env, set_random_seed
 from shardwise.logging import get_logger
 from shardwise.optim import OptimWrapper, OptimWrapperDict
@@ -38,6 +37,7 @@ from .building import (
     build_schedulers,
     build_wrapper_part,
     check_auto_scale_lr,
+    check_base_kwargs,
     check_flags,
     check_keywords,
     check_prepare_args,
@@ -99,7 +99,9 @@ class BaseStrategy:
         async_save: bool = False,
         max_keep_ckpts: int = -1,
         verify_checksums: bool = True,
+        **unknown: Any,
     ) -> None:
+        check_keywords(type(self), unknown)
         check_flags(async_save=async_save, verify_checksums=verify_checksums)
         self._checkpointer = Checkpointer(
             self,
@@ -126,9 +128,7 @@ class BaseStrategy:
         constructor would refuse, without building anything: no process group, no files.
         ``shardwise train`` calls it before any worker starts; ``world_size`` and
         ``local_world_size`` (default: the world) are those of the run to be launched.
-
-        Raises:
-            TypeError, ValueError, KeyError: naming the keyword, the value and what fits.
+        Raises TypeError, ValueError or KeyError naming the keyword, the value and what fits.
         """
         kwargs = {k: v for k, v in cfg.items() if k != "type"}
         check_keywords(cls, kwargs)
@@ -137,12 +137,7 @@ class BaseStrategy:
     @classmethod
     def _check_kwargs(cls, kwargs: Mapping[str, Any], world_size: int, local_size: int) -> None:
         """The checks of :meth:`check_config` (subclasses add theirs)."""
-        check_flags(**{k: kwargs[k] for k in ("async_save", "verify_checksums") if k in kwargs})
-        check_max_keep_ckpts(kwargs.get("max_keep_ckpts", -1))
-        check_auto_scale_lr(kwargs.get("auto_scale_lr"))
-        for name in ("env_kwargs", "log_kwargs"):
-            if not isinstance(kwargs.get(name) or {}, Mapping):
-                raise TypeError(f"{name} must be a dict, got {kwargs[name]!r}")
+        check_base_kwargs(kwargs)
 
     # ------------------------------------------------------------------ environment
     def _setup_env(self, *, randomness: Mapping[str, Any] | None = None, **env: Any) -> None:
@@ -197,6 +192,15 @@ class BaseStrategy:
         return dist.get_world_size()
 
     @property
+    def data_parallel_rank(self) -> int:
+        """Which share of the data this rank reads (tensor-parallel peers read the same)."""
+        return self.rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.world_size
+
+    @property
     def timestamp(self) -> str:
         return self._timestamp
 
@@ -245,8 +249,7 @@ class BaseStrategy:
         self.dispatch_kwargs.update(dispatch_kwargs or {})
         model = self.build_model(model)
         model = self._init_model_weights(model)
-        model = self._wrap_model(model)
-        model = self.compile_model(model, compile=compile)
+        model = self._wrap_model(model, compile)
         self.model = model
         if optim_wrapper is not None:
             self.optim_wrapper = self.build_optim_wrapper(optim_wrapper, model)
@@ -298,8 +301,8 @@ class BaseStrategy:
                 dist.broadcast(tensor, src=0)
         return model
 
-    def _wrap_model(self, model: nn.Module) -> nn.Module:
-        """Place and wrap the model for this strategy's parallelism."""
+    def _wrap_model(self, model: nn.Module, compile: Any = False) -> nn.Module:
+        """Place, wrap and compile (:meth:`compile_model`) the model for this strategy."""
         raise NotImplementedError
 
     def build_optim_wrapper(self, optim_wrapper: Any, model: nn.Module | None = None) -> Any:
@@ -329,9 +332,9 @@ class BaseStrategy:
         return optim_wrapper_parts(self.optim_wrapper)
 
     def _scale_lr(self) -> None:
-        """``auto_scale_lr``: every LR times world size x batch per rank / base batch size."""
+        """``auto_scale_lr``: every LR times data-parallel size x batch per rank / base."""
         if self._auto_scale_lr and self._auto_scale_lr.get("enable", False):
-            real = self.world_size * self.dispatch_kwargs["train_micro_batch_size_per_gpu"]
+            real = self.data_parallel_size * self.dispatch_kwargs["train_micro_batch_size_per_gpu"]
             base = self._auto_scale_lr["base_batch_size"]
             scale_lr(self._wrappers(), base, real, self.logger)
 
@@ -363,9 +366,8 @@ class BaseStrategy:
             ...     dict(type='LinearLR', by_epoch=True, convert_to_iter_based=True),
             ...     strategy.optim_wrapper, default_args=dict(max_epochs=2, epoch_length=10))
         """
-        optim_wrapper = (
-            optim_wrapper if optim_wrapper is not None else getattr(self, "optim_wrapper", None)
-        )
+        if optim_wrapper is None:
+            optim_wrapper = getattr(self, "optim_wrapper", None)
         if optim_wrapper is None:
             raise RuntimeError(
                 "build_param_scheduler needs an optimizer wrapper: build it first with "
@@ -377,8 +379,7 @@ class BaseStrategy:
         return build_schedulers(scheduler, optim_wrapper, default_args, self._adopt_scheduler)
 
     def _adopt_scheduler(self, scheduler: _ParamScheduler, optim_wrapper: Any) -> _ParamScheduler:
-        """A pre-built scheduler handed to :meth:`build_param_scheduler`, as the strategy
-        keeps it (here: unchanged; a sharding strategy rebinds it to the rebuilt optimizer)."""
+        """A pre-built scheduler as kept (a sharding strategy rebinds it to its optimizer)."""
         return scheduler
 
     # ------------------------------------------------------------------ state dicts

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from shardwise import dist
+from shardwise.checkpoint.retention import check_max_keep_ckpts
 from shardwise.env import set_multi_processing, set_resource_limit
 from shardwise.optim import (
     OptimWrapper,
@@ -35,6 +36,7 @@ __all__ = [
     "set_up_environment",
     "build_wrapper_part",
     "check_auto_scale_lr",
+    "check_base_kwargs",
     "check_flags",
     "check_keywords",
     "check_prepare_args",
@@ -105,6 +107,16 @@ def build_wrapper_part(name: str, part: Any, model: nn.Module) -> OptimWrapper:
     return build_optim_wrapper(target, copy.deepcopy(dict(part)))
 
 
+def check_base_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """``BaseStrategy``'s keywords in a config, checked as its constructor would."""
+    check_flags(**{k: kwargs[k] for k in ("async_save", "verify_checksums") if k in kwargs})
+    check_max_keep_ckpts(kwargs.get("max_keep_ckpts", -1))
+    check_auto_scale_lr(kwargs.get("auto_scale_lr"))
+    for name in ("env_kwargs", "log_kwargs"):
+        if not isinstance(kwargs.get(name) or {}, Mapping):
+            raise TypeError(f"{name} must be a dict, got {kwargs[name]!r}")
+
+
 def check_flags(**flags: Any) -> None:
     for name, flag in flags.items():
         if not isinstance(flag, bool):
@@ -126,8 +138,16 @@ def _keywords(cls: type) -> list[str]:
 
 
 def check_keywords(cls: type, kwargs: Mapping[str, Any]) -> None:
+    """Refuse a keyword ``cls(...)`` does not take, naming the nearest ones (and, for the
+    tensor-parallel keywords, the strategy that takes them)."""
     accepted = _keywords(cls)
     for name in kwargs:
+        if name in ("parallelism", "tp_plan") and name not in accepted:
+            raise ValueError(
+                f"{cls.__name__} keeps a whole model on every rank and takes no {name}="
+                f"{kwargs[name]!r}: tensor parallelism (parallelism=dict(tp=...), tp_plan) "
+                "needs FSDPStrategy, which composes it with data parallelism"
+            )
         if name not in accepted:
             close = difflib.get_close_matches(name, accepted, n=3)
             hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""

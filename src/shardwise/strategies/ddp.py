@@ -101,7 +101,10 @@ class DDPStrategy(BaseStrategy):
         super()._check_kwargs(kwargs, world_size, local_size)
         _parse_own_args(kwargs.get("model_wrapper"), kwargs.get("sync_bn"))
 
-    def _wrap_model(self, model: nn.Module) -> nn.Module:
+    def _wrap_model(self, model: nn.Module, compile: Any = False) -> nn.Module:
+        return self.compile_model(self._wrap_ddp(model), compile)
+
+    def _wrap_ddp(self, model: nn.Module) -> nn.Module:
         if isinstance(model, DistributedDataParallel):
             return model
         model = model.to(self.device)

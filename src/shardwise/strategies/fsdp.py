@@ -57,14 +57,20 @@ from .fsdp_config import (
     parse_state_dict_cfg,
     parse_wrap_policy,
 )
+from .mesh import Degrees, build_device_mesh, data_parallel_mesh, resolve_degrees
 from .parallelize import (
     apply_activation_checkpointing,
     apply_fsdp,
-    build_device_mesh,
     clean_name,
     has_meta_tensors,
     materialize_model,
     select_modules_to_shard,
+)
+from .tensor_parallel import (
+    TensorParallelPlan,
+    apply_tensor_parallel,
+    parse_tp_plan,
+    resolve_styles,
 )
 
 __all__ = ["FSDPStrategy", "fully_shard_model", "rebuild_optimizer", "shard_model"]
@@ -211,6 +217,15 @@ class FSDPStrategy(BaseStrategy):
             before sharding; ``check_fn`` is a registered function name, ``dict(type=...)``,
             a callable ``(module) -> bool`` or a list of module classes (or their names).
         train_micro_batch_size_per_gpu: the batch size of one rank, for ``auto_scale_lr``.
+        parallelism: the parallel degrees, ``dict(dp_replicate=1, dp_shard=-1, tp=1)`` (every
+            key optional; ``-1``: the rest of the world; see :mod:`~shardwise.strategies.mesh`).
+            Their product is the world size; the mesh has one named dimension per degree.
+            ``sharding_strategy`` may set the data-parallel ones instead (HYBRID_SHARD:
+            ``dp_replicate=replicate_size``; NO_SHARD: ``dp_shard=1``).
+        tp_plan: how tensor parallelism splits the model when ``tp > 1``: ``'auto'`` (the
+            model's own plan, e.g. a Hugging Face model's), a dict of module-name patterns to
+            styles, or ``parallelize_fn(model, mesh)`` (see
+            :mod:`~shardwise.strategies.tensor_parallel`).
         **kwargs: :class:`~shardwise.strategies.BaseStrategy` arguments.
     """
 
@@ -222,9 +237,12 @@ class FSDPStrategy(BaseStrategy):
         state_dict_cfg: str | Mapping[str, Any] = "sharded",
         activation_checkpointing: Mapping[str, Any] | None = None,
         train_micro_batch_size_per_gpu: int | None = None,
+        parallelism: Mapping[str, int] | None = None,
+        tp_plan: Any = None,
         **kwargs: Any,
     ) -> None:
         _check_own_flags(skip_init_weights, train_micro_batch_size_per_gpu)
+        self._tp_plan = parse_tp_plan(tp_plan)
         self._state_dict = parse_state_dict_cfg(state_dict_cfg)
         self._sharder_cfg, self._fsdp_config = self._parse_model_wrapper(model_wrapper)
         self._activation_checkpointing = parse_activation_checkpointing(activation_checkpointing)
@@ -232,9 +250,11 @@ class FSDPStrategy(BaseStrategy):
         super().__init__(**kwargs)
         if train_micro_batch_size_per_gpu is not None:
             self.dispatch_kwargs["train_micro_batch_size_per_gpu"] = train_micro_batch_size_per_gpu
-        self._replicate_size = replicate_size(
-            self._fsdp_config, self.world_size, dist.get_local_size()
+        self.degrees = _degrees(
+            self._fsdp_config, parallelism, self._tp_plan, self.world_size, dist.get_local_size()
         )
+        if self._tp_plan is not None and self.degrees.tp == 1:
+            self.logger.info("tp_plan is not applied: parallelism has tp=1")
         ignored = self._fsdp_config.ignored_fsdp1_keys
         if ignored:
             self.logger.info(
@@ -273,7 +293,8 @@ class FSDPStrategy(BaseStrategy):
         parse_state_dict_cfg(kwargs.get("state_dict_cfg", "sharded"))
         _, fsdp_config = cls._parse_model_wrapper(kwargs.get("model_wrapper"))
         parse_activation_checkpointing(kwargs.get("activation_checkpointing"))
-        replicate_size(fsdp_config, world_size, local_size)
+        plan = parse_tp_plan(kwargs.get("tp_plan"))
+        _degrees(fsdp_config, kwargs.get("parallelism"), plan, world_size, local_size)
 
     @property
     def state_dict_type(self) -> Any:
@@ -331,48 +352,67 @@ class FSDPStrategy(BaseStrategy):
                 dist.broadcast(tensor, src=0)
         return model
 
-    def _wrap_model(self, model: nn.Module) -> nn.Module:
-        """Shard the model. The order of operations, in one place:
+    def _wrap_model(self, model: nn.Module, compile: Any = False) -> nn.Module:
+        """Parallelise the model. The order of operations, in one place (torchtitan's):
 
         0. (:meth:`build_model`) a config is built on the meta device with
            ``skip_init_weights``, a built model is initialised and equal on every rank;
         1. record parameter names, to rebuild pre-built optimizers by name;
-        2. activation checkpointing, before sharding, so ``fully_shard`` sees the wrappers;
-        3. ``fully_shard`` the selected submodules, then the root (a meta model stays meta:
-           nothing is allocated);
-        4. materialise a meta model on this rank's device, each rank only its shards;
-        5. initialise it shard-locally (``init_weights()`` or ``reset_parameters()``); a
+        2. tensor parallelism on the mesh's ``tp`` dimension (``tp_plan``), checked first;
+        3. activation checkpointing, so that ``fully_shard`` sees the wrappers;
+        4. ``torch.compile`` (``compile``; see :meth:`compile_model`);
+        5. ``fully_shard`` the selected submodules, then the root, over the data-parallel
+           dimensions (a meta model stays meta: nothing is allocated);
+        6. materialise a meta model on this rank's device, each rank only its shards, and
+           initialise it shard-locally (``init_weights()`` or ``reset_parameters()``); a
            checkpoint loaded afterwards overwrites these weights.
         """
         if isinstance(model, FSDPModule):
-            return model
+            return self.compile_model(model, compile)
         start = time.perf_counter()
-        self._ensure_process_group()
         self._param_names = {id(p): clean_name(n) for n, p in model.named_parameters()}
         on_meta = has_meta_tensors(model)
-        self.mesh = self._build_mesh()
+        tp = self._tp_plan if self.degrees.tp > 1 else None
+        styles = resolve_styles(model, tp, self.degrees.tp) if tp is not None else {}
+        self._ensure_process_group()
+        self.mesh = build_device_mesh(self.device.type, self.degrees)
+        if tp is not None:
+            model = apply_tensor_parallel(model, self.mesh, tp, styles)
         if self._activation_checkpointing is not None:
             ac = self._activation_checkpointing
             chosen = [m for m in model.modules() if m is not model and ac.check_fn(m)]
             _warn_if_selection_misses(model, ac.check_fn, chosen, "activation_checkpointing")
             model = apply_activation_checkpointing(model, ac.check_fn, ac.wrapper_kwargs)
-        if self._sharder_cfg is None:
-            model = shard_model(model, self.mesh, self._fsdp_config)
+        model = self.compile_model(model, compile)
+        dp_mesh = data_parallel_mesh(self.mesh, self.degrees)
+        if isinstance(model, FSDPModule):
+            self.logger.info("parallelize_fn applied fully_shard itself: not sharding again")
+        elif self._sharder_cfg is None:
+            model = shard_model(model, dp_mesh, self._fsdp_config)
         else:
             model = MODEL_WRAPPERS.build(
-                self._sharder_cfg, default_args=dict(module=model, mesh=self.mesh)
+                self._sharder_cfg, default_args=dict(module=model, mesh=dp_mesh)
             )
         if on_meta:
-            model = materialize_model(model, self.device, seed=self.seed)
+            model = materialize_model(model, self.device, seed=self.seed, mesh=self.mesh)
         self.logger.info(
-            "Sharded %s over a %s mesh %s in %.2f s%s",
+            "Parallelised %s over a %s mesh %s in %.2f s%s%s",
             type(model).__name__,
             self.device.type,
-            tuple(self.mesh.shape),
+            dict(zip(self.degrees.dim_names, self.degrees.shape, strict=True)),
             time.perf_counter() - start,
+            f" (tensor parallel: {tp.describe()})" if tp is not None else "",
             " (built on the meta device, initialised shard by shard)" if on_meta else "",
         )
         return model
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.degrees.dp_rank(self.rank)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.degrees.dp_size
 
     def _ensure_process_group(self) -> None:
         """FSDP2 needs a process group; a run without a launcher gets one of a single rank."""
@@ -382,14 +422,6 @@ class FSDPStrategy(BaseStrategy):
         torch_dist.init_process_group(backend, store=torch_dist.HashStore(), rank=0, world_size=1)
         dist.destroy_at_exit()
         self.logger.info("FSDPStrategy without a launcher: started a 1-rank %s group", backend)
-
-    def _build_mesh(self) -> DeviceMesh:
-        return build_device_mesh(
-            self.device.type,
-            self.world_size,
-            mesh_kind=self._fsdp_config.mesh_kind,
-            replicate_size=self._replicate_size,
-        )
 
     # ------------------------------------------------------------------ optimizers, schedulers
     def _check_prepare_args(
@@ -639,19 +671,30 @@ def _check_own_flags(skip_init_weights: Any, micro_batch: Any) -> None:
         )
 
 
-def replicate_size(cfg: FSDPConfig, world_size: int, local_size: int) -> int:
-    """The replicate size of the mesh ``cfg`` asks for on ``world_size`` ranks,
-    ``local_size`` per node; refuses one that does not divide the world."""
-    if cfg.mesh_kind != "hybrid":
-        return world_size if cfg.mesh_kind == "replicate" else 1
-    size = cfg.replicate_size or max(world_size // local_size, 1)
-    if world_size % size:
+def _degrees(
+    cfg: FSDPConfig,
+    parallelism: Any,
+    plan: TensorParallelPlan | None,
+    world_size: int,
+    local_size: int,
+) -> Degrees:
+    """The run's parallel degrees (``parallelism`` and ``sharding_strategy``); refuses
+    ``tp > 1`` without a ``tp_plan``."""
+    degrees = resolve_degrees(
+        parallelism,
+        mesh_kind=cfg.mesh_kind,
+        replicate_size=cfg.replicate_size,
+        world_size=world_size,
+        local_size=local_size,
+    )
+    if degrees.tp > 1 and plan is None:
         raise ValueError(
-            f"HYBRID_SHARD with replicate_size={size} needs a world size divisible by it, "
-            f"but {world_size} ranks run; set model_wrapper=dict(replicate_size=...) to a "
-            f"divisor of {world_size} or launch a multiple of {size} ranks"
+            f"parallelism has tp={degrees.tp}, but no tp_plan says how to split the model; "
+            "give tp_plan='auto' (the model's own plan, e.g. a Hugging Face model's), a dict "
+            "such as tp_plan={'blocks.*.attn.q': 'colwise', 'blocks.*.attn.proj': 'rowwise'}, "
+            "or a callable parallelize_fn(model, mesh)"
         )
-    return size
+    return degrees
 
 
 def _param_name_of(path: tuple[str, ...]) -> str | None:

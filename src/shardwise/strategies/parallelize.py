@@ -6,7 +6,7 @@ Each function takes what it needs explicitly and returns the model, as torchtita
 
 Example::
 
-    >>> mesh = build_device_mesh('cpu', world_size=2)
+    >>> mesh = build_device_mesh('cpu', Degrees(dp_shard=2))
     >>> with torch.device('meta'):
     ...     model = Transformer()
     >>> modules = select_modules_to_shard(model, parse_wrap_policy({'Block'}))
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 import torch.nn as nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -35,7 +35,6 @@ __all__ = [
     "CHECKPOINT_PREFIX",
     "apply_activation_checkpointing",
     "apply_fsdp",
-    "build_device_mesh",
     "clean_name",
     "has_meta_tensors",
     "init_weights",
@@ -58,23 +57,6 @@ def clean_name(name: str) -> str:
 def has_meta_tensors(model: nn.Module) -> bool:
     """Whether any parameter or buffer of ``model`` is on the meta device."""
     return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
-
-
-def build_device_mesh(
-    device_type: str, world_size: int, *, mesh_kind: str = "shard", replicate_size: int = 1
-) -> DeviceMesh:
-    """The data-parallel mesh: 1-D ``('shard',)`` over every rank, or 2-D
-    ``('replicate', 'shard')`` with ``replicate_size`` rows (``mesh_kind='hybrid'``) or one
-    column (``mesh_kind='replicate'``: nothing is sharded)."""
-    if mesh_kind == "shard":
-        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
-    if mesh_kind == "replicate":
-        replicate_size = world_size
-    return init_device_mesh(
-        device_type,
-        (replicate_size, world_size // replicate_size),
-        mesh_dim_names=("replicate", "shard"),
-    )
 
 
 def _inner(module: nn.Module) -> nn.Module:
@@ -176,22 +158,38 @@ def apply_fsdp(
 
 
 @contextlib.contextmanager
-def _shard_local_rng(mesh: DeviceMesh | None, seed: int) -> Iterator[None]:
-    """Random initialisation of shards that is right on a CPU mesh.
+def _rank_local_rng(model: nn.Module, seed: int) -> Iterator[None]:
+    """Random initialisation of shards on a CPU mesh: each rank draws from ``seed + rank``.
 
     DTensor gives each shard its own random stream on CUDA; on a CPU mesh it falls back to the
-    local generator, so every rank would draw the same numbers for its different shard. Here
-    each shard coordinate draws from ``seed + coordinate`` instead (replicas of a shard, on a
-    hybrid mesh, draw alike). Torch's global RNG state is restored afterwards.
+    local generator, so every rank would draw the same numbers for its different shard.
+    Copies of one shard then differ, until :func:`_agree_on_copies`. Torch's global RNG state
+    is restored.
     """
+    mesh = _mesh_of(model)
     if mesh is None or mesh.device_type != "cpu":
         yield
         return
-    coordinate = mesh.get_coordinate() or [0]
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="DTensor random operators may not have")
-        torch.manual_seed(seed + coordinate[-1])
+        torch.manual_seed(seed + torch_dist.get_rank())
         yield
+
+
+def _agree_on_copies(model: nn.Module, mesh: DeviceMesh) -> None:
+    """The ranks that hold copies of one shard take the first copy's values: along every
+    dimension of ``mesh`` (the run's whole mesh) on which a tensor is ``Replicate`` (HSDP's
+    replicas, a row-wise layer's bias) or that its own mesh lacks (a norm that tensor
+    parallelism leaves whole lives on the data-parallel dimensions only)."""
+    names = mesh.mesh_dim_names or ()
+    for tensor in (*model.parameters(), *model.buffers()):
+        if not isinstance(tensor, DTensor):
+            continue
+        own = tensor.device_mesh.mesh_dim_names or ()
+        for dim, name in enumerate(names):
+            split = name in own and not tensor.placements[own.index(name)].is_replicate()
+            if mesh.size(dim) > 1 and not split:
+                torch_dist.broadcast(tensor._local_tensor, group=mesh.get_group(dim), group_src=0)
 
 
 def _mesh_of(model: nn.Module) -> DeviceMesh | None:
@@ -213,10 +211,17 @@ def init_weights(model: nn.Module) -> None:
 
 
 def materialize_model(
-    model: nn.Module, device: torch.device, *, seed: int = 0, initialize: bool = True
+    model: nn.Module,
+    device: torch.device,
+    *,
+    seed: int = 0,
+    initialize: bool = True,
+    mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """Allocate a sharded model's meta tensors on ``device`` (each rank only its shards) and,
-    with ``initialize``, initialise them shard-locally (:func:`init_weights`).
+    with ``initialize``, initialise them shard-locally (:func:`init_weights`); ``mesh`` (the
+    run's whole mesh; default: the mesh of the first sharded parameter) says which ranks hold
+    copies of a shard, and they are made to agree.
 
     Plain (unsharded) parameters and buffers are then taken from rank 0 so that every rank
     agrees. Buffers that ``__init__`` computed and no ``init_weights``/``reset_parameters``
@@ -224,8 +229,11 @@ def materialize_model(
     """
     model.to_empty(device=device)
     if initialize:
-        with _shard_local_rng(_mesh_of(model), seed), torch.no_grad():
+        with _rank_local_rng(model, seed), torch.no_grad():
             init_weights(model)
+            mesh = mesh or _mesh_of(model)
+            if mesh is not None and mesh.device_type == "cpu":
+                _agree_on_copies(model, mesh)
     if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
         plain = [p for p in model.parameters() if not isinstance(p, DTensor)]
         for tensor in (*plain, *model.buffers()):

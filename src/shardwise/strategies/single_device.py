@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.nn as nn
 
 from shardwise.registry import STRATEGIES
@@ -51,6 +53,6 @@ class SingleDeviceStrategy(BaseStrategy):
         >>> model = strategy.prepare(torch.nn.Linear(2, 1))
     """
 
-    def _wrap_model(self, model: nn.Module) -> nn.Module:
+    def _wrap_model(self, model: nn.Module, compile: Any = False) -> nn.Module:
         model = revert_sync_batchnorm(model)
-        return model.to(self.device)
+        return self.compile_model(model.to(self.device), compile)

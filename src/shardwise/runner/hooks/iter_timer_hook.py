@@ -60,7 +60,8 @@ class IterTimerHook(Hook):
         hub.update_scalar(f"{mode}/time", elapsed)
         count, unit = batch_size(data_batch)
         if count:
-            hub.update_scalar(f"{mode}/{unit}_per_sec", count * runner.world_size / elapsed)
+            replicas = runner.strategy.data_parallel_size  # tensor-parallel peers share batches
+            hub.update_scalar(f"{mode}/{unit}_per_sec", count * replicas / elapsed)
 
 
 def batch_size(data_batch: Any) -> tuple[int, str]:
