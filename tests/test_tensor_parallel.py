@@ -447,3 +447,39 @@ def test_a_tp_checkpoint_resumes_on_other_tp_degrees_world_sizes_and_strategies(
     )
     assert exported.keys() == sharded.keys()
     assert all(torch.equal(exported[k], sharded[k]) for k in sharded)
+
+
+# ----------------------------------------------------------------------------- precision
+def _precisions(work_dir):
+    clipped = dict(optimizer=dict(type="AdamW", lr=1e-3), clip_grad=dict(max_norm=1.0))
+    out = {}
+    for name, model_wrapper, optim_wrapper in (
+        ("fp32", {}, clipped),
+        ("mixed_precision", dict(mixed_precision=dict(param_dtype="bf16")), clipped),
+        ("amp", {}, dict(type="AmpOptimWrapper", dtype="bfloat16", **clipped)),
+        ("cpu_offload", dict(cpu_offload=True), clipped),  # nothing to offload on a CPU mesh
+    ):
+        strategy = FSDPStrategy(
+            work_dir=work_dir,
+            env_kwargs=dict(randomness=dict(seed=0)),
+            parallelism=dict(tp=2),
+            tp_plan=PLAN,
+            model_wrapper=model_wrapper,
+        )
+        model, wrapper = strategy.prepare(TPTransformer(), optim_wrapper=optim_wrapper)
+        norms = run_steps(strategy, model, wrapper, 3)
+        out[name] = (norms, model.blocks[0].q.weight.dtype)
+    return out
+
+
+def test_mixed_precision_amp_and_offload_compose_with_tensor_parallelism(tmp_path):
+    results = run_distributed(_precisions, 2, str(tmp_path), timeout=240)
+    for result in results:
+        want, _ = result["fp32"]
+        for name in ("mixed_precision", "amp", "cpu_offload"):
+            norms, dtype = result[name]
+            assert dtype == torch.float32, name  # the sharded parameters stay in fp32
+            # bf16 compute: the same gradients to bf16's precision, not bit for bit
+            tolerance = 0 if name == "cpu_offload" else 2e-2
+            assert norms == pytest.approx(want, rel=tolerance), name
+        assert result["mixed_precision"][0] != want and result["amp"][0] != want
