@@ -39,9 +39,13 @@ def read(work_dir: Path, mode: str) -> list[dict]:
 def test_the_gpt_configs_differ_only_in_the_strategy():
     fsdp = Config.fromfile(EXAMPLES / "gpt_fsdp.py", import_custom_modules=False).to_dict()
     single = Config.fromfile(EXAMPLES / "gpt_single.py", import_custom_modules=False).to_dict()
+    tp = Config.fromfile(EXAMPLES / "gpt_tp.py", import_custom_modules=False).to_dict()
     assert fsdp.pop("strategy")["type"] == "FSDPStrategy"
     assert single.pop("strategy") == {"type": "SingleDeviceStrategy"}
-    assert fsdp == single
+    tp_strategy = tp.pop("strategy")
+    assert tp_strategy["parallelism"] == {"dp_shard": -1, "tp": 2}
+    assert tp_strategy["tp_plan"] == "auto"
+    assert fsdp == single == tp
 
 
 def test_the_new_style_gpt_config_is_the_single_device_one_with_imported_types():
@@ -139,3 +143,48 @@ def test_the_gpt_trains_fully_sharded_on_two_processes(tmp_path):
         )
     )
     assert read(work_dir, "train")[-1]["iter"] == 32
+
+
+def test_the_gpt_trains_tensor_parallel_on_two_processes(tmp_path):
+    work_dir = tmp_path / "gpt_tp"
+    proc = ok(
+        shardwise(
+            "train",
+            str(EXAMPLES / "gpt_tp.py"),
+            "--work-dir",
+            str(work_dir),
+            "--nproc-per-node",
+            "2",
+            "--cfg-options",
+            *SHORT_GPT,
+            "model.n_layer=2",
+        )
+    )
+    assert "{'dp_shard': 1, 'tp': 2}" in proc.stdout  # one tensor-parallel pair
+    train = read(work_dir, "train")
+    assert [r["iter"] for r in train] == [5, 10, 15, 20, 25, 30]
+    assert train[-1]["loss"] < train[0]["loss"] - 0.5
+    assert "Generated text (prompt 'def '):\n" in proc.stdout
+    # its sharded checkpoint resumes without tensor parallelism (FSDP alone): 5 more iterations
+    resumed = tmp_path / "gpt_fsdp"
+    proc = ok(
+        shardwise(
+            "train",
+            str(EXAMPLES / "gpt_fsdp.py"),
+            "--work-dir",
+            str(resumed),
+            "--nproc-per-node",
+            "2",
+            "--resume",
+            str(work_dir / "iter_30.pth"),
+            "--cfg-options",
+            *SHORT_GPT,
+            "model.n_layer=2",
+            "train_cfg.max_iters=35",
+            "custom_hooks=[]",
+        )
+    )
+    assert "{'dp_shard': 2}" in proc.stdout
+    (after,) = read(resumed, "train")
+    assert after["iter"] == 35
+    assert after["loss"] < train[0]["loss"] - 0.5  # it goes on from the trained weights
