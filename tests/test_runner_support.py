@@ -143,3 +143,32 @@ class StopAfterHook(Hook):
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         if runner.iter + 1 == self.at_iter:
             raise SystemExit(3)
+
+
+@HOOKS.register_module()
+class RecordLossHook(Hook):
+    """Rank 0 appends each iteration's loss to ``work_dir/losses.jsonl`` (exactly, as
+    ``float.hex``); every rank writes its pid to ``work_dir/pid_rank{r}`` and its latest
+    iteration to ``work_dir/iter_rank{r}``; each iteration sleeps ``seconds`` (so that a test
+    can act mid-run)."""
+
+    priority = "LOW"  # after RuntimeInfoHook has logged the loss, before checkpoints
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds
+
+    def before_train(self, runner) -> None:
+        with open(os.path.join(runner.work_dir, f"pid_rank{runner.rank}"), "w") as f:
+            f.write(str(os.getpid()))
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        import json
+        import time
+
+        if runner.rank == 0:
+            loss = float(runner.message_hub.get_scalar("train/loss").current())
+            with open(os.path.join(runner.work_dir, "losses.jsonl"), "a") as f:
+                f.write(json.dumps(dict(iter=runner.iter + 1, loss=loss.hex())) + "\n")
+        with open(os.path.join(runner.work_dir, f"iter_rank{runner.rank}"), "w") as f:
+            f.write(str(runner.iter + 1))
+        time.sleep(self.seconds)

@@ -50,7 +50,12 @@ def entry() -> NoReturn:
     be destroyed then and abort a successful run ("terminate called without an active
     exception", pytorch#179291).
     """
-    code = main()
+    try:
+        code = main()
+    except SystemExit as exc:  # a preempted run (Runner's Preempted) ends as any other
+        if not isinstance(exc.code, int):
+            raise
+        code = exc.code
     if not commands.TORE_DOWN_PROCESS_GROUP:
         sys.exit(code)
     for thread in threading.enumerate():

@@ -7,12 +7,15 @@ Importing this package registers the hooks (``HOOKS``), loops (``LOOPS``) and me
 from .data import ResumableSampler, build_dataloader, pseudo_collate, seed_worker, start_epoch
 from .evaluator import Accuracy, BaseMetric, Evaluator, MeanLoss, build_evaluator
 from .hooks import (
+    PREEMPTED_EXIT_CODE,
     CheckpointHook,
     DistSamplerSeedHook,
     Hook,
     IterTimerHook,
     LoggerHook,
     ParamSchedulerHook,
+    Preempted,
+    PreemptionHook,
     RuntimeInfoHook,
 )
 from .loops import BaseLoop, EpochBasedTrainLoop, IterBasedTrainLoop, TestLoop, ValLoop
@@ -36,6 +39,9 @@ __all__ = [
     "ParamSchedulerHook",
     "DistSamplerSeedHook",
     "CheckpointHook",
+    "PreemptionHook",
+    "Preempted",
+    "PREEMPTED_EXIT_CODE",
     "Priority",
     "get_priority",
     "MessageHub",

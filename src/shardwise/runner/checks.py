@@ -41,7 +41,7 @@ from shardwise.registry import (
 )
 
 from .data import check_dataloader_cfg
-from .hooks.defaults import merge_default_hooks
+from .hooks.defaults import merge_default_hooks, with_preemption
 
 __all__ = [
     "check_components",
@@ -311,7 +311,9 @@ def check_types(cfg: Config | Mapping[str, Any]) -> None:
         for metric in evaluator if isinstance(evaluator, list | tuple) else [evaluator]:
             if not (isinstance(metric, Mapping) and metric.get("type") == "Evaluator"):
                 check(METRICS, metric, name)
-    merged = merge_default_hooks(cfg.get("default_hooks"))
+    with at("preemption"):
+        default_hooks = with_preemption(cfg.get("default_hooks"), cfg.get("preemption"))
+    merged = merge_default_hooks(default_hooks)
     hooks = {f"default_hooks.{name}": hook for name, hook in merged.items()}
     hooks.update((f"custom_hooks[{i}]", h) for i, h in enumerate(cfg.get("custom_hooks") or []))
     for key, hook in hooks.items():

@@ -54,7 +54,7 @@ from .checks import check_components, check_config
 from .data import build_dataloader, set_sampler_seed
 from .evaluator import build_evaluator
 from .hooks import Hook
-from .hooks.defaults import DEFAULT_HOOKS, merge_default_hooks
+from .hooks.defaults import DEFAULT_HOOKS, merge_default_hooks, with_preemption
 from .loops import EpochBasedTrainLoop, IterBasedTrainLoop, TestLoop, ValLoop
 from .message_hub import MessageHub
 from .priority import Priority, get_priority
@@ -82,6 +82,8 @@ class Runner:
             metrics (see :class:`~shardwise.runner.evaluator.Evaluator`).
         test_dataloader, test_cfg, test_evaluator: the same for :meth:`test` (``TestLoop``).
         default_hooks: merged by name into :data:`DEFAULT_HOOKS`; ``None`` removes one.
+            (A config's ``preemption=dict(signals=..., requeue=...)`` gives the options of
+            the ``preemption`` hook, :class:`~shardwise.runner.hooks.PreemptionHook`.)
         custom_hooks: more hooks (objects or ``HOOKS`` configs).
         load_from: load these weights before training (or resume from them with
             ``resume=True``).
@@ -216,7 +218,7 @@ class Runner:
             test_dataloader=cfg.get("test_dataloader"),
             test_cfg=cfg.get("test_cfg"),
             test_evaluator=cfg.get("test_evaluator"),
-            default_hooks=cfg.get("default_hooks"),
+            default_hooks=with_preemption(cfg.get("default_hooks"), cfg.get("preemption")),
             custom_hooks=cfg.get("custom_hooks"),
             load_from=cfg.get("load_from"),
             resume=cfg.get("resume", False),

@@ -5,6 +5,7 @@ from .hook import Hook
 from .iter_timer_hook import IterTimerHook
 from .logger_hook import LoggerHook
 from .param_scheduler_hook import ParamSchedulerHook
+from .preemption_hook import PREEMPTED_EXIT_CODE, Preempted, PreemptionHook
 from .runtime_info_hook import RuntimeInfoHook
 from .sampler_seed_hook import DistSamplerSeedHook
 
@@ -16,4 +17,7 @@ __all__ = [
     "ParamSchedulerHook",
     "DistSamplerSeedHook",
     "CheckpointHook",
+    "PreemptionHook",
+    "Preempted",
+    "PREEMPTED_EXIT_CODE",
 ]

@@ -6,7 +6,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["DEFAULT_HOOKS", "merge_default_hooks"]
+__all__ = ["DEFAULT_HOOKS", "merge_default_hooks", "with_preemption"]
 
 DEFAULT_HOOKS: dict[str, dict[str, Any]] = dict(
     runtime_info=dict(type="RuntimeInfoHook"),
@@ -15,6 +15,7 @@ DEFAULT_HOOKS: dict[str, dict[str, Any]] = dict(
     logger=dict(type="LoggerHook"),
     param_scheduler=dict(type="ParamSchedulerHook"),
     checkpoint=dict(type="CheckpointHook", interval=1),
+    preemption=dict(type="PreemptionHook"),
 )
 
 
@@ -30,4 +31,18 @@ def merge_default_hooks(default_hooks: Mapping[str, Any] | None) -> dict[str, An
             hooks[name] = {**hooks[name], **hook}  # options for a default hook
         else:
             hooks[name] = hook
+    return hooks
+
+
+def with_preemption(default_hooks: Any, preemption: Any) -> Any:
+    """``default_hooks`` with a config's ``preemption`` options for the preemption hook."""
+    if preemption is None:
+        return default_hooks
+    if not isinstance(preemption, Mapping):
+        raise TypeError(
+            f"preemption must be a dict such as dict(signals=['SIGTERM', 'SIGUSR1'], "
+            f"requeue=True), got {preemption!r}"
+        )
+    hooks = dict(default_hooks or {})
+    hooks["preemption"] = {**dict(hooks.get("preemption") or {}), **preemption}
     return hooks
