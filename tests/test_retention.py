@@ -163,3 +163,25 @@ def test_background_saves_on_one_process_keep_the_newest(tmp_path):
     strategy.wait_for_checkpoint()
     assert _names(tmp_path) == ["iter_2.pth"]
     assert find_last_checkpoint(tmp_path) == str(tmp_path / "iter_2.pth")
+
+
+def test_a_run_resumed_from_another_directory_never_deletes_its_checkpoints(tmp_path):
+    import torch
+
+    from shardwise.strategies import SingleDeviceStrategy
+
+    def run(work_dir, name, resume=None):
+        strategy = SingleDeviceStrategy(work_dir=str(work_dir))
+        strategy.prepare(
+            torch.nn.Linear(2, 2), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1))
+        )
+        if resume:
+            strategy.resume(resume)
+        strategy.save_checkpoint(str(work_dir / name), max_keep_ckpts=1)
+
+    run(tmp_path / "a", "iter_1.pth")
+    run(tmp_path / "b", "iter_2.pth", resume=tmp_path / "a" / "iter_1.pth")
+    run(tmp_path / "b", "iter_3.pth", resume=tmp_path / "b" / "iter_2.pth")
+    assert (tmp_path / "a" / "iter_1.pth").is_file()  # another run's: kept
+    assert not (tmp_path / "b" / "iter_2.pth").exists()  # this run's own: retired
+    assert (tmp_path / "b" / "iter_3.pth").is_file()

@@ -10,7 +10,9 @@ points at it (:class:`~shardwise.checkpoint.commit.CheckpointCommit`'s ``retire`
 - the newest committed checkpoint is never deleted (it is at the end of the list);
 - a checkpoint still being written is never deleted (one save is in flight at a time, and it
   is the one doing the deleting, once committed);
-- a save that fails deletes nothing, and the list stays as it was.
+- a save that fails deletes nothing, and the list stays as it was;
+- a save deletes nothing outside the directory it writes to (a run resumed from another
+  run's checkpoint leaves that run's checkpoints alone).
 
 The lists are stored in each checkpoint's ``meta['kept_checkpoints']`` (``{series: [path,
 ...]}``), so a run resumed from one of them goes on retiring the checkpoints saved before the
@@ -58,7 +60,11 @@ class Retention:
         """Plan the save of ``path`` into ``series`` under a limit of ``max_keep``: returns
         every series' kept checkpoints once it is committed, and the checkpoints it retires."""
         path = str(Path(path).absolute())
-        kept = [p for p in self.kept.get(series, []) if p != path] + [path]
+        # a save retires only checkpoints in the directory it writes to: those of another
+        # run (one this run resumed from) are forgotten, never deleted
+        here = os.path.dirname(path)
+        kept = [p for p in self.kept.get(series, []) if p != path and os.path.dirname(p) == here]
+        kept.append(path)
         self._planned = {**self.kept, series: kept[-max_keep:]}
         return self._planned, kept[:-max_keep]
 
