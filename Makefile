@@ -16,7 +16,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet -e '.[all]' $(TORCH)
 	touch $@
 
-# Test-only dependencies (pytest, ruff, and the oracles the tests compare with: mmengine 0.10.7):
+# Test-only dependencies (pytest, ruff, and the oracles the tests compare with: mmengine 0.10.7,
+# transformers):
 # installed by the test commands, never needed to import shardwise or to train.
 $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
 	$(PIP) install --quiet -e '.[test,all]' $(TORCH)

@@ -12,9 +12,10 @@ A plan comes in one of three forms (``FSDPStrategy(tp_plan=...)``):
 3. a function ``parallelize_fn(model, mesh) -> model`` (Lightning's convention) that applies
    tensor parallelism itself on ``mesh['tp']``.
 
-Everything about a plan that can be wrong is refused before any collective: an unknown style,
-a pattern that matches no module (naming the nearest module names), ``tp`` not dividing a
-split dimension or a head count.
+Everything about a plan that can be wrong is refused on every rank alike, before the model is
+split (so no rank waits for one that failed): an unknown style (when the config is read), a
+pattern that matches no module (naming the nearest module names), ``tp`` not dividing a split
+dimension or a head count.
 
 Example::
 
