@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # Test-only dependencies (pytest, ruff, and the oracles the tests compare with: mmengine 0.10.7,
-# transformers):
+# transformers; Ray Train for tests/test_ray.py's local cluster, about 20 s and 500 MB):
 # installed by the test commands, never needed to import shardwise or to train.
 $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
 	$(PIP) install --quiet -e '.[test,all]' $(TORCH)
