@@ -232,7 +232,9 @@ def test_collectives_over_gloo(world_size):
 
 
 def _join_missing_rank0(timeout: float) -> str:
-    os.environ.update(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_PORT=str(free_port()))
+    os.environ.update(
+        RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_PORT=str(free_port())
+    )
     try:
         dist.init_dist("pytorch", timeout=timeout)
     except RuntimeError as exc:

@@ -27,7 +27,9 @@ import os
 import re
 import shutil
 import subprocess
+import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -37,6 +39,15 @@ from torch.distributed import ProcessGroup
 __all__ = [
     "env_kwargs_from_cfg",
     "LAUNCHERS",
+    "LaunchEnv",
+    "LauncherEnvError",
+    "check_adopted_group",
+    "check_no_missed_launcher",
+    "destroy_process_group",
+    "env_int",
+    "is_torchrun_worker",
+    "owns_process_group",
+    "read_launch_env",
     "REDUCE_OPS",
     "all_gather_object",
     "all_reduce",
@@ -70,32 +81,341 @@ F = TypeVar("F", bound=Callable[..., Any])
 # --------------------------------------------------------------------------- launch
 
 
-def infer_launcher() -> str:
-    """Guess how this process was launched from its environment.
+class LauncherEnvError(ValueError, RuntimeError):
+    """A launcher's environment variables are missing, malformed, or disagree with each other
+    or with an adopted process group. Raised before any collective, on every rank (each reads
+    its own environment). A ``ValueError`` (bad input); also a ``RuntimeError``, which a
+    missing variable always raised."""
 
-    Returns ``'pytorch'`` under torchrun (``LOCAL_RANK``, ``TORCHELASTIC_RUN_ID`` or
-    ``RANK`` + ``WORLD_SIZE``), ``'slurm'`` inside an ``srun`` step (``SLURM_NTASKS``
-    and ``SLURM_PROCID``), ``'mpi'`` under Open MPI (``OMPI_COMM_WORLD_LOCAL_RANK``)
-    and ``'none'`` otherwise.
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What a launcher's environment variables say about this process
+    (:func:`read_launch_env`); ``None`` where they say nothing."""
+
+    launcher: str
+    rank: int
+    world_size: int
+    local_rank: int | None = None
+    local_world_size: int | None = None
+    node_rank: int | None = None
+    nnodes: int | None = None
+    master_addr: str | None = None
+
+
+def is_torchrun_worker(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is one of torchrun's workers (``TORCHELASTIC_RUN_ID`` or
+    ``LOCAL_RANK`` set: torchrun sets both, ``torch.distributed.launch`` the latter)."""
+    env = os.environ if env is None else env
+    return "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env
+
+
+def infer_launcher(env: Mapping[str, str] | None = None) -> str:
+    """Guess how this process was launched from its environment (default ``os.environ``).
+
+    Returns ``'pytorch'`` for a torchrun worker (``LOCAL_RANK`` or ``TORCHELASTIC_RUN_ID``),
+    ``'slurm'`` inside an ``srun`` step (``SLURM_NTASKS`` and ``SLURM_PROCID``; torch's
+    ``RANK``/``WORLD_SIZE``, when also set, must agree with them), ``'pytorch'`` for ``RANK``
+    and ``WORLD_SIZE`` alone (Kubeflow's PyTorchJob with one process per pod, a hand-made
+    launch), ``'mpi'`` under Open MPI (``OMPI_COMM_WORLD_LOCAL_RANK``) and ``'none'``
+    otherwise. Kubeflow's ``PET_*`` variables are torchrun's options, not a launch: ``shardwise
+    train`` starts torchrun from them (:func:`shardwise.runner.launch.plan_launch`).
     """
-    env = os.environ
-    if (
-        "LOCAL_RANK" in env
-        or "TORCHELASTIC_RUN_ID" in env
-        or ("RANK" in env and "WORLD_SIZE" in env)
-    ):
+    env = os.environ if env is None else env
+    if is_torchrun_worker(env):
         return "pytorch"
     if "SLURM_NTASKS" in env and "SLURM_PROCID" in env:
         return "slurm"
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return "pytorch"
     if "OMPI_COMM_WORLD_LOCAL_RANK" in env:
         return "mpi"
     return "none"
 
 
-@functools.cache
+def env_int(
+    env: Mapping[str, str], name: str, minimum: int = 0, required: bool = False
+) -> int | None:
+    """The integer in ``env[name]`` (``None`` when absent), refused with the variable's name."""
+    if name not in env:
+        if required:
+            raise LauncherEnvError(f"{name} is not set")
+        return None
+    raw = str(env[name]).strip()
+    try:
+        value = int(raw)
+    except ValueError:
+        raise LauncherEnvError(f"{name}={env[name]!r} is not an integer") from None
+    if value < minimum:
+        raise LauncherEnvError(f"{name}={value} must be {minimum} or more")
+    return value
+
+
+def _missing(env: Mapping[str, str], launcher: str, names: tuple[str, ...], hint: str) -> None:
+    missing = [name for name in names if name not in env]
+    if missing:
+        raise LauncherEnvError(
+            f"launcher={launcher!r} needs the environment variables {missing}; {hint}"
+        )
+
+
+def _outside(rank_name: str, rank: int, size_name: str, size: int, what: str = "ranks") -> None:
+    if rank >= size:
+        raise LauncherEnvError(
+            f"{rank_name}={rank} is outside the world: {size_name}={size} {what} are numbered "
+            f"0 to {size - 1}"
+        )
+
+
+def slurm_tasks_per_node(env: Mapping[str, str] | None = None) -> int | None:
+    """Tasks per node of this SLURM step when every node runs the same number
+    (``SLURM_STEP_TASKS_PER_NODE``, ``SLURM_NTASKS_PER_NODE`` or ``SLURM_TASKS_PER_NODE``, in
+    SLURM's ``2(x3)`` form too); ``None`` when unknown or uneven."""
+    env = os.environ if env is None else env
+    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        value = str(env.get(name, "")).strip()
+        if not value:
+            continue
+        counts = set()
+        for part in value.split(","):
+            match = re.fullmatch(r"(\d+)(?:\(x\d+\))?", part.strip())
+            if match is None:
+                return None
+            counts.add(int(match.group(1)))
+        return counts.pop() if len(counts) == 1 else None
+    return None
+
+
+def slurm_nnodes(env: Mapping[str, str] | None = None) -> int | None:
+    """Nodes of this SLURM step: ``SLURM_STEP_NUM_NODES``, ``SLURM_NNODES`` or
+    ``SLURM_JOB_NUM_NODES``."""
+    env = os.environ if env is None else env
+    for name in ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
+        if name in env:
+            return env_int(env, name, minimum=1)
+    return None
+
+
+def slurm_master_addr(env: Mapping[str, str] | None = None) -> str:
+    """Rank 0's host under SLURM: ``MASTER_ADDR``, else the first host of the step's node list
+    (``SLURM_STEP_NODELIST``, ``SLURM_NODELIST`` or ``SLURM_JOB_NODELIST``)."""
+    env = os.environ if env is None else env
+    if env.get("MASTER_ADDR"):
+        return env["MASTER_ADDR"]
+    for name in ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"):
+        if env.get(name):
+            try:
+                return parse_slurm_nodelist(env[name])[0]
+            except ValueError as exc:
+                raise LauncherEnvError(f"{name}={env[name]!r}: {exc}") from None
+    raise LauncherEnvError(
+        "launcher='slurm' needs MASTER_ADDR or a node list (SLURM_NODELIST, SLURM_JOB_NODELIST) "
+        "to find rank 0's host; start the script with srun inside a SLURM allocation"
+    )
+
+
+def slurm_master_port(env: Mapping[str, str] | None = None, port: int | None = None) -> int:
+    """The rendezvous port under SLURM: ``MASTER_PORT``, else ``port``, else one derived from
+    ``SLURM_JOB_ID`` (20000 to 29999: two jobs sharing a node seldom meet), else 29500."""
+    env = os.environ if env is None else env
+    given = env_int(env, "MASTER_PORT", minimum=1)
+    if given is not None:
+        return given
+    if port:
+        return int(port)
+    job = str(env.get("SLURM_JOB_ID", "")).strip()
+    return 20000 + int(job) % 10000 if job.isdigit() else DEFAULT_PORT
+
+
+def _torch_vars_agree(env: Mapping[str, str], pairs: tuple[tuple[str, str, int], ...]) -> None:
+    """torch's RANK/WORLD_SIZE, when set beside another launcher's variables, must agree."""
+    for torch_name, other_name, other in pairs:
+        value = env_int(env, torch_name)
+        if value is not None and value != other:
+            raise LauncherEnvError(
+                f"{other_name}={other} but {torch_name}={value}: the launcher's variables "
+                f"disagree with torch's; unset {torch_name} (the launcher sets "
+                f"{other_name}), or pass --launcher pytorch / launcher='pytorch' to use "
+                f"{torch_name}"
+            )
+
+
+def read_launch_env(launcher: str, env: Mapping[str, str] | None = None) -> LaunchEnv:
+    """Read and check ``launcher``'s variables (default environment ``os.environ``).
+
+    Raises :class:`LauncherEnvError` (a ``ValueError``) naming the variables when one is
+    missing or not a number, a rank is outside the world (``RANK >= WORLD_SIZE``,
+    ``SLURM_PROCID >= SLURM_NTASKS``, ...), two launchers' variables disagree
+    (``SLURM_NTASKS=4`` with ``WORLD_SIZE=2``; Kubeflow's ``PET_NNODES`` ×
+    ``PET_NPROC_PER_NODE`` against ``WORLD_SIZE``), or a SLURM node list does not parse.
+    Reads only: nothing is set, no collective runs.
+    """
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"Unknown launcher {launcher!r}; expected one of {list(LAUNCHERS)}.")
+    env = os.environ if env is None else env
+    if launcher == "none":
+        return LaunchEnv("none", 0, 1, 0, 1, 0, 1)
+    if launcher == "pytorch":
+        return _read_torchrun_env(env)
+    if launcher == "slurm":
+        return _read_slurm_env(env)
+    return _read_mpi_env(env)
+
+
+def _read_torchrun_env(env: Mapping[str, str]) -> LaunchEnv:
+    _missing(
+        env,
+        "pytorch",
+        ("RANK", "WORLD_SIZE"),
+        "start the script with torchrun (python -m torch.distributed.run).",
+    )
+    world = env_int(env, "WORLD_SIZE", minimum=1)
+    rank = env_int(env, "RANK")
+    assert world is not None and rank is not None
+    _outside("RANK", rank, "WORLD_SIZE", world)
+    local_rank = env_int(env, "LOCAL_RANK")
+    local_world = env_int(env, "LOCAL_WORLD_SIZE", minimum=1)
+    if local_world is not None:
+        if local_world > world:
+            raise LauncherEnvError(
+                f"LOCAL_WORLD_SIZE={local_world} is larger than WORLD_SIZE={world}"
+            )
+        if local_rank is not None:
+            _outside("LOCAL_RANK", local_rank, "LOCAL_WORLD_SIZE", local_world)
+    if "PET_NNODES" in env and not is_torchrun_worker(env):
+        _check_kubeflow_world(env, rank, world)
+    return LaunchEnv(
+        "pytorch",
+        rank,
+        world,
+        local_rank,
+        local_world,
+        env_int(env, "GROUP_RANK"),
+        None,
+        env.get("MASTER_ADDR"),
+    )
+
+
+def _check_kubeflow_world(env: Mapping[str, str], rank: int, world: int) -> None:
+    """A Kubeflow PyTorchJob pod that runs the script itself (no torchrun): its RANK and
+    WORLD_SIZE are per pod, which holds only for one process per pod."""
+    nproc = str(env.get("PET_NPROC_PER_NODE", "1")).strip()
+    nnodes = str(env.get("PET_NNODES", "")).strip()
+    if nproc.isdigit() and int(nproc) > 1:
+        raise LauncherEnvError(
+            f"PET_NPROC_PER_NODE={nproc}: Kubeflow asks for {nproc} processes per pod, but this "
+            "one was not started by torchrun (no LOCAL_RANK, no TORCHELASTIC_RUN_ID); make the "
+            "container command `shardwise train CONFIG` or `torchrun ... SCRIPT`"
+        )
+    if nnodes.isdigit() and world != int(nnodes):
+        raise LauncherEnvError(
+            f"WORLD_SIZE={world} disagrees with PET_NNODES={nnodes} × PET_NPROC_PER_NODE="
+            f"{nproc}: one process per pod makes {nnodes} ranks"
+        )
+    node_rank = env_int(env, "PET_NODE_RANK")
+    if node_rank is not None and node_rank != rank:
+        raise LauncherEnvError(
+            f"RANK={rank} disagrees with PET_NODE_RANK={node_rank} (one process per pod)"
+        )
+
+
+def _read_slurm_env(env: Mapping[str, str]) -> LaunchEnv:
+    _missing(
+        env,
+        "slurm",
+        ("SLURM_PROCID", "SLURM_NTASKS"),
+        "start the script with srun inside a SLURM allocation.",
+    )
+    ntasks = env_int(env, "SLURM_NTASKS", minimum=1)
+    procid = env_int(env, "SLURM_PROCID")
+    assert ntasks is not None and procid is not None
+    _outside("SLURM_PROCID", procid, "SLURM_NTASKS", ntasks, "tasks")
+    nnodes = slurm_nnodes(env)
+    node_rank = env_int(env, "SLURM_NODEID")
+    if nnodes is not None and node_rank is not None:
+        _outside("SLURM_NODEID", node_rank, "SLURM_NNODES", nnodes, "nodes")
+    if not is_torchrun_worker(env):
+        _torch_vars_agree(
+            env, (("WORLD_SIZE", "SLURM_NTASKS", ntasks), ("RANK", "SLURM_PROCID", procid))
+        )
+    local_rank = env_int(env, "SLURM_LOCALID")
+    return LaunchEnv(
+        "slurm",
+        procid,
+        ntasks,
+        local_rank,
+        slurm_tasks_per_node(env),
+        node_rank,
+        nnodes,
+        slurm_master_addr(env),
+    )
+
+
+def _read_mpi_env(env: Mapping[str, str]) -> LaunchEnv:
+    names = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")
+    _missing(env, "mpi", names, "start the script with Open MPI's mpirun.")
+    world = env_int(env, "OMPI_COMM_WORLD_SIZE", minimum=1)
+    rank = env_int(env, "OMPI_COMM_WORLD_RANK")
+    local_rank = env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
+    local_world = env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1)
+    assert world is not None and rank is not None and local_rank is not None
+    _outside("OMPI_COMM_WORLD_RANK", rank, "OMPI_COMM_WORLD_SIZE", world)
+    if local_world is not None:
+        _outside(
+            "OMPI_COMM_WORLD_LOCAL_RANK", local_rank, "OMPI_COMM_WORLD_LOCAL_SIZE", local_world
+        )
+    if not is_torchrun_worker(env):
+        _torch_vars_agree(
+            env,
+            (
+                ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", world),
+                ("RANK", "OMPI_COMM_WORLD_RANK", rank),
+            ),
+        )
+    return LaunchEnv(
+        "mpi", rank, world, local_rank, local_world, None, None, env.get("MASTER_ADDR")
+    )
+
+
+def check_no_missed_launcher(env: Mapping[str, str] | None = None) -> None:
+    """Refuse to train alone where a launcher's variables ask for several processes that
+    nothing started: Kubeflow's ``PET_NNODES``/``PET_NPROC_PER_NODE`` in a pod whose command
+    is a plain ``python SCRIPT`` (``shardwise train`` starts torchrun from them itself)."""
+    env = os.environ if env is None else env
+    if "PET_NNODES" not in env or is_torchrun_worker(env):
+        return
+    nnodes = str(env["PET_NNODES"]).strip()
+    nproc = str(env.get("PET_NPROC_PER_NODE", "1")).strip()
+    most = nnodes.split(":")[-1]
+    if (most.isdigit() and int(most) > 1) or (nproc.isdigit() and int(nproc) > 1):
+        raise LauncherEnvError(
+            f"PET_NNODES={nnodes} and PET_NPROC_PER_NODE={nproc} (Kubeflow) ask for several "
+            "processes, but no launcher started this one; make the container command "
+            "`shardwise train CONFIG` or `torchrun ... SCRIPT` (torchrun reads the PET_ "
+            "variables)"
+        )
+
+
+# --------------------------------------------------------------------------- the process group
+
+_OWNED_GROUP: weakref.ref | None = None
+
+
+def owns_process_group() -> bool:
+    """Whether the default process group is shardwise's: created by :func:`init_dist` (or
+    by a strategy that needed one, FSDP's one-rank group). ``False`` for a group the caller
+    initialised (Ray Train, user code, a notebook), which shardwise uses and never destroys,
+    and when there is none."""
+    if not is_distributed() or _OWNED_GROUP is None:
+        return False
+    return _OWNED_GROUP() is torch_dist.group.WORLD
+
+
 def destroy_at_exit() -> None:
-    """Have the process groups destroyed at interpreter exit, while Python is still whole
-    (registered once; a no-op when they were destroyed already).
+    """Record the default process group, just created by shardwise, as shardwise's
+    (:func:`owns_process_group`), and have it destroyed at interpreter exit while Python is
+    still whole (the handler is registered once; a no-op when the group is gone already or
+    is not shardwise's).
 
     A process that exits with its group alive leaves gloo's worker threads holding tensors
     whose release during the interpreter's finalization needs the GIL and aborts the process
@@ -104,16 +424,56 @@ def destroy_at_exit() -> None:
     first: a DDP or FSDP module left in a reference cycle still holds the group, and
     the group's threads are joined only when its last reference goes.
     """
+    global _OWNED_GROUP
+    if is_distributed():
+        _OWNED_GROUP = weakref.ref(torch_dist.group.WORLD)
+    _register_exit_handler()
+
+
+@functools.cache
+def _register_exit_handler() -> None:
     atexit.register(_destroy_process_groups)
 
 
 def _destroy_process_groups() -> None:
-    if torch_dist.is_available() and torch_dist.is_initialized():
+    if owns_process_group():
         gc.collect()
         try:
             torch_dist.destroy_process_group()
         except Exception as exc:  # noqa: BLE001 - the process is ending either way
             logger.debug("destroy_process_group at exit failed: %s", exc)
+
+
+def destroy_process_group() -> bool:
+    """Destroy the default process group if shardwise created it (:func:`owns_process_group`);
+    return whether it did. A group the caller initialised is left alone."""
+    if not owns_process_group():
+        return False
+    gc.collect()
+    torch_dist.destroy_process_group()
+    return True
+
+
+def check_adopted_group(launcher: str | None = None, env: Mapping[str, str] | None = None) -> None:
+    """Check an already initialised process group against the environment's launcher
+    variables before using it: ``WORLD_SIZE``/``RANK`` when set, and with ``launcher``
+    named, that launcher's (``SLURM_NTASKS``/``SLURM_PROCID``, ``OMPI_COMM_WORLD_*``).
+    Raises :class:`LauncherEnvError` naming them; no collective runs."""
+    env = os.environ if env is None else env
+    world, rank = torch_dist.get_world_size(), torch_dist.get_rank()
+    pairs = [("WORLD_SIZE", world), ("RANK", rank)]
+    if launcher == "slurm":
+        pairs += [("SLURM_NTASKS", world), ("SLURM_PROCID", rank)]
+    elif launcher == "mpi":
+        pairs += [("OMPI_COMM_WORLD_SIZE", world), ("OMPI_COMM_WORLD_RANK", rank)]
+    for name, actual in pairs:
+        value = env_int(env, name)
+        if value is not None and value != actual:
+            raise LauncherEnvError(
+                f"{name}={value} but the process group already initialised in this process "
+                f"has {world} rank(s) and this is rank {rank}; the group is used as it is: "
+                f"unset {name} or initialise the group from the same launch"
+            )
 
 
 def init_dist(
@@ -133,12 +493,19 @@ def init_dist(
         **kwargs: ``port`` (used for ``MASTER_PORT`` when the environment has none;
             default 29500); the rest go to ``torch.distributed.init_process_group``.
 
+    The launcher's variables are checked first (:func:`read_launch_env`): a missing or
+    inconsistent one raises :class:`LauncherEnvError` before anything connects.
     SLURM: ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` come from ``SLURM_PROCID``/
     ``SLURM_NTASKS``/``SLURM_LOCALID``; ``MASTER_ADDR`` (unless set) is the first host
-    of ``SLURM_NODELIST``. Open MPI: from the ``OMPI_COMM_WORLD_*`` variables;
-    ``MASTER_ADDR`` must be set when the job spans several nodes. ``MASTER_PORT`` is
-    the environment's, else ``port``, else 29500. An already initialised process
-    group is kept as it is.
+    of the step's node list; ``MASTER_PORT`` (unless set) is ``port`` or derived from
+    ``SLURM_JOB_ID`` (:func:`slurm_master_port`). Open MPI: from the ``OMPI_COMM_WORLD_*``
+    variables; ``MASTER_ADDR`` must be set when the job spans several nodes. Otherwise
+    ``MASTER_PORT`` is the environment's, else ``port``, else 29500.
+
+    An already initialised process group is adopted as it is (checked against the
+    environment by :func:`check_adopted_group`): shardwise uses it and never destroys it.
+    A group this function creates is destroyed at interpreter exit
+    (:func:`destroy_at_exit`) unless destroyed before.
     """
     if launcher not in LAUNCHERS:
         raise ValueError(f"Unknown launcher {launcher!r}; expected one of {list(LAUNCHERS)}.")
@@ -148,14 +515,16 @@ def init_dist(
     if not torch_dist.is_available():
         raise RuntimeError("torch.distributed is not available in this PyTorch build.")
     if torch_dist.is_initialized():
+        if not owns_process_group():
+            check_adopted_group(launcher)
         logger.info(
-            "Process group already initialised (backend %s, rank %d of %d); reusing it.",
+            "Process group already initialised (backend %s, rank %d of %d); using it.",
             torch_dist.get_backend(),
             torch_dist.get_rank(),
             torch_dist.get_world_size(),
         )
-        destroy_at_exit()
         return
+    read_launch_env(launcher)  # refuse inconsistent variables before anything connects
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     port = kwargs.pop("port", None)
@@ -208,7 +577,9 @@ def parse_slurm_nodelist(nodelist: str) -> list[str]:
     """Expand a SLURM node list such as ``'node[01-03,7],login'`` into host names.
 
     Uses ``scontrol show hostnames`` when it is installed, else a parser of the
-    common forms (comma separated names, one bracketed range/list per name).
+    common forms (comma separated names, bracketed ranges and lists, several per name).
+    Raises ``ValueError`` for a list it cannot read (unbalanced brackets, a range
+    that is not numbers or runs backwards, an empty name).
     """
     if shutil.which("scontrol"):
         try:
@@ -226,28 +597,50 @@ def parse_slurm_nodelist(nodelist: str) -> list[str]:
     return _expand_nodelist(nodelist)
 
 
+_NODELIST_ITEM = re.compile(r"[^,\[\]]+(?:\[[^\[\]]*\][^,\[\]]*)*")
+
+
 def _expand_nodelist(nodelist: str) -> list[str]:
     # Items are separated by commas outside brackets: 'gpu[01-02,05],login1'.
-    items = re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", nodelist)
-    hosts = [host for item in items for host in _expand_host(item)]
-    if not hosts:
+    text = nodelist.strip()
+    items: list[str] = []
+    pos = 0
+    while pos < len(text):
+        match = _NODELIST_ITEM.match(text, pos)
+        if match is None or match.end() == pos:
+            raise ValueError(f"Cannot parse SLURM node list {nodelist!r} at {text[pos:]!r}.")
+        items.append(match.group())
+        pos = match.end()
+        if pos < len(text):
+            if text[pos] != ",":
+                raise ValueError(f"Cannot parse SLURM node list {nodelist!r} at {text[pos:]!r}.")
+            pos += 1
+            if pos == len(text):
+                raise ValueError(f"Cannot parse SLURM node list {nodelist!r}: it ends in a comma.")
+    hosts = [host for item in items for host in _expand_host(item, nodelist)]
+    if not hosts or any(not host or any(c.isspace() for c in host) for host in hosts):
         raise ValueError(f"Cannot parse SLURM node list {nodelist!r}.")
     return hosts
 
 
-def _expand_host(pattern: str) -> list[str]:
+def _expand_host(pattern: str, nodelist: str) -> list[str]:
     match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", pattern)
     if match is None:
         return [pattern]
     prefix, ranges, rest = match.groups()
     heads: list[str] = []
     for part in ranges.split(","):
-        lo, _, hi = part.partition("-")
-        if hi:
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()) or (dash and int(hi) < int(lo)):
+            raise ValueError(
+                f"Cannot parse SLURM node list {nodelist!r}: [{ranges}] holds {part!r}, "
+                "not a number or a range such as 01-04."
+            )
+        if dash:
             heads.extend(f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1))
         else:
             heads.append(prefix + lo)
-    return [head + tail for head in heads for tail in _expand_host(rest)]
+    return [head + tail for head in heads for tail in _expand_host(rest, nodelist)]
 
 
 def _as_timedelta(timeout: float | datetime.timedelta | None) -> datetime.timedelta | None:
@@ -260,16 +653,9 @@ def _as_timedelta(timeout: float | datetime.timedelta | None) -> datetime.timede
     )
 
 
-def _require_env(launcher: str, names: tuple[str, ...], hint: str) -> None:
-    missing = [name for name in names if name not in os.environ]
-    if missing:
-        raise RuntimeError(
-            f"launcher={launcher!r} needs the environment variables {missing}; {hint}"
-        )
-
-
 def _setup_torchrun_env(port: int | None) -> None:
-    _require_env(
+    _missing(
+        os.environ,
         "pytorch",
         ("RANK", "WORLD_SIZE", "MASTER_ADDR"),
         "start the script with torchrun (python -m torch.distributed.run).",
@@ -278,37 +664,28 @@ def _setup_torchrun_env(port: int | None) -> None:
 
 
 def _setup_slurm_env(port: int | None) -> None:
-    if "SLURM_NODELIST" not in os.environ and "SLURM_JOB_NODELIST" in os.environ:
-        os.environ["SLURM_NODELIST"] = os.environ["SLURM_JOB_NODELIST"]
-    _require_env(
-        "slurm",
-        ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODELIST"),
-        "start the script with srun inside a SLURM allocation.",
-    )
-    proc_id = int(os.environ["SLURM_PROCID"])
-    if "MASTER_ADDR" not in os.environ:
-        os.environ["MASTER_ADDR"] = parse_slurm_nodelist(os.environ["SLURM_NODELIST"])[0]
-    os.environ.setdefault("MASTER_PORT", str(port or DEFAULT_PORT))
-    os.environ["RANK"] = str(proc_id)
-    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
-    if "SLURM_LOCALID" in os.environ:
-        os.environ["LOCAL_RANK"] = os.environ["SLURM_LOCALID"]
+    env = os.environ
+    proc_id = int(env["SLURM_PROCID"])
+    env["MASTER_ADDR"] = slurm_master_addr(env)
+    env["MASTER_PORT"] = str(slurm_master_port(env, port))
+    env["RANK"] = str(proc_id)
+    env["WORLD_SIZE"] = env["SLURM_NTASKS"]
+    if "SLURM_LOCALID" in env:
+        env["LOCAL_RANK"] = env["SLURM_LOCALID"]
     else:
-        os.environ["LOCAL_RANK"] = str(proc_id % max(torch.cuda.device_count(), 1))
-    per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "")
-    if per_node.isdigit():
-        os.environ["LOCAL_WORLD_SIZE"] = per_node
+        env["LOCAL_RANK"] = str(proc_id % max(torch.cuda.device_count(), 1))
+    per_node = slurm_tasks_per_node(env)
+    if per_node is not None:
+        env["LOCAL_WORLD_SIZE"] = str(per_node)
 
 
 def _setup_mpi_env(port: int | None) -> None:
-    names = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")
-    _require_env("mpi", names, "start the script with Open MPI's mpirun.")
     env = os.environ
     world_size = env["OMPI_COMM_WORLD_SIZE"]
     local_size = env.get("OMPI_COMM_WORLD_LOCAL_SIZE")
     if "MASTER_ADDR" not in env:
         if local_size != world_size:
-            raise RuntimeError(
+            raise LauncherEnvError(
                 "launcher='mpi' across several nodes needs MASTER_ADDR (the host of rank 0); "
                 "pass it with `mpirun -x MASTER_ADDR=<host> ...`."
             )
@@ -387,8 +764,12 @@ def get_backend(group: ProcessGroup | None = None) -> str | None:
 
 
 def get_device() -> torch.device:
-    """``cuda:<local rank>`` when CUDA is available, else ``cpu``."""
+    """``cuda:<local rank>`` when CUDA is available, else ``cpu``; ``cpu`` also for an adopted
+    process group (:func:`owns_process_group` False) whose backend cannot carry CUDA tensors'
+    collectives the way NCCL does (gloo alone: a Ray Train run with ``use_gpu=False``)."""
     if torch.cuda.is_available():
+        if is_distributed() and not owns_process_group() and "nccl" not in (get_backend() or ""):
+            return torch.device("cpu")
         return torch.device("cuda", get_local_rank() % torch.cuda.device_count())
     return torch.device("cpu")
 

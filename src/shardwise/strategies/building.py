@@ -272,11 +272,31 @@ def set_up_environment(
     """Set up what a run needs from its process: the launcher (inferred when None) and its
     process group, multiprocessing, cuDNN's benchmark mode, the open-file limit. Returns
     ``(launcher, distributed, timestamp)``, the timestamp rank 0's (every rank names the run
-    the same)."""
+    the same).
+
+    A process group already initialised (Ray Train, user code, a notebook) is adopted: the
+    strategy uses it, its backend and device, and never destroys it; ``distributed`` is then
+    True whatever the launcher, which stays the one the environment names (``'none'`` where
+    no launcher variable is set). The launcher's variables are checked before any collective
+    (:func:`shardwise.dist.read_launch_env`, :func:`shardwise.dist.check_adopted_group`):
+    inconsistent ones raise a ``ValueError`` naming them on every rank.
+    """
+    explicit = launcher is not None
     launcher = dist.infer_launcher() if launcher is None else launcher
-    distributed = launcher != "none" or dist.is_distributed()
+    if launcher not in dist.LAUNCHERS:
+        raise ValueError(f"Unknown launcher {launcher!r}; expected one of {list(dist.LAUNCHERS)}.")
+    if dist.is_distributed():
+        if not dist.owns_process_group():
+            dist.check_adopted_group(launcher if explicit else None)
+        distributed = True
+    else:
+        if launcher == "none" and not explicit:
+            dist.check_no_missed_launcher()
+        elif launcher != "none":
+            dist.read_launch_env(launcher)
+        distributed = launcher != "none"
     set_multi_processing(**(mp_cfg or {}), distributed=distributed)
-    if launcher != "none" and not dist.is_distributed():
+    if distributed and not dist.is_distributed():
         dist.init_dist(launcher, **(dist_cfg or {}))
     if cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
