@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from shardwise.cli import build_parser, main
-from shardwise.runner.commands import load_train_config
-from shardwise.runner.launch import LaunchOptions, torchrun_args
+from shardwise.runner.commands import _worker_argv, load_train_config
+from shardwise.runner.launch import LaunchOptions, forwarded_signals, launch, torchrun_args
 from shardwise.runner.plot import read_metrics
 from tests.distributed import REPO, run_torchrun
 from tests.test_checkpoint_safety import tree_digest
@@ -219,6 +219,8 @@ def test_resume_and_load_from_flags_set_mmengine_s_resume_and_load_from(tmp_path
             [],
             ["default_hooks.checkpoint", "max_keep_ckpts", "got 0"],
         ),
+        ("", ["--preempt-signals", "SIGTERM,SIGKILL"], ["--preempt-signals", "'SIGKILL'"]),
+        ("", ["--nnodes", "2:1"], ["--nnodes", "'2:1'"]),
     ],
     ids=[
         "no-model",
@@ -242,6 +244,8 @@ def test_resume_and_load_from_flags_set_mmengine_s_resume_and_load_from(tmp_path
         "typo-in-strategy-keyword",
         "unknown-amp-dtype",
         "max-keep-ckpts-0",
+        "uncatchable-preempt-signal",
+        "nnodes-min-above-max",
     ],
 )
 def test_bad_input_fails_before_any_process_starts_with_a_clear_message(
@@ -279,6 +283,58 @@ def test_a_model_whose_forward_returns_no_loss_stops_the_run_with_the_fix(tmp_pa
     with pytest.raises(ValueError, match="none of which contains 'loss'.*train_step"):
         main(["train", config, "--work-dir", str(tmp_path / "w")])
     assert not list((tmp_path / "w").glob("*.pth"))
+
+
+def test_requeue_and_preempt_signals_set_the_config_s_preemption(tmp_path, config):
+    cfg = load_train_config(_parsed(config, "--requeue", "--preempt-signals", "term, SIGUSR1"))
+    assert cfg.preemption == {"requeue": True, "signals": ["SIGTERM", "SIGUSR1"]}
+    Path(config).write_text(TINY + "\npreemption = dict(signals=['SIGINT'])\n")
+    merged = load_train_config(_parsed(config, "--requeue"))
+    assert merged.preemption == {"signals": ["SIGINT"], "requeue": True}
+    Path(config).write_text(TINY)
+    assert load_train_config(_parsed(config)).get("preemption") is None
+    args = _parsed(config, "--requeue", "--preempt-signals", "SIGTERM")
+    argv = _worker_argv(args, str(tmp_path))  # the workers torchrun starts get them too
+    assert argv[-3:] == ["--requeue", "--preempt-signals", "SIGTERM"]
+
+
+def test_torchrun_forwards_sigusr1_and_the_run_s_preemption_signals():
+    signals = forwarded_signals(["usr2", "SIGTERM"])
+    assert signals == ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"]
+    args = torchrun_args(LaunchOptions(nproc_per_node=2), ["train", "cfg.py"], signals)
+    assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2" in args
+
+
+def _failure(exitcode: int):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    return ProcessFailure(local_rank=0, pid=1, exitcode=exitcode, error_file="/nonexistent")
+
+
+@pytest.mark.parametrize(
+    "raised, code",
+    [
+        ("preempted", 143),  # every failed worker committed a preemption checkpoint
+        ("mixed", 1),
+        ("signal", 128 + 10),  # the launcher itself got SIGUSR1 and forwarded it
+    ],
+)
+def test_the_launcher_s_exit_code_says_how_the_workers_ended(monkeypatch, capsys, raised, code):
+    import signal
+
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    def run(args):
+        if raised == "signal":
+            raise SignalException("got it", sigval=signal.SIGUSR1)
+        codes = [143, 143] if raised == "preempted" else [143, 1]
+        raise ChildFailedError("w", {i: _failure(c) for i, c in enumerate(codes)})
+
+    monkeypatch.setattr(torchrun, "run", run)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert launch(LaunchOptions(nproc_per_node=2), ["train", "cfg.py"]) == code
 
 
 def test_torchrun_command_line_carries_the_launch_options():

@@ -1,9 +1,11 @@
 """``shardwise train`` and ``shardwise plot``.
 
 ``shardwise train CONFIG`` trains in this process when it runs alone or under a launcher
-that already started the processes (torchrun, SLURM's srun, mpirun: read from the
-environment). With ``--nproc-per-node N`` (N > 1) or ``--nnodes`` > 1 it starts the
-processes itself through ``torch.distributed.run`` (see :mod:`shardwise.runner.launch`).
+that already started the processes (torchrun, SLURM's srun with one task per rank, mpirun, an
+initialised process group: read from the environment). It starts the processes itself through
+``torch.distributed.run`` with ``--nproc-per-node N`` (N > 1) or ``--nnodes`` > 1, under
+``srun`` with one task per node and ``--nproc-per-node N``, and in a Kubeflow pod (its
+``PET_*`` variables). :func:`shardwise.runner.launch.plan_launch` decides.
 
 Examples::
 
@@ -11,6 +13,9 @@ Examples::
     shardwise train examples/gpt_fsdp.py --nproc-per-node 2       # two local processes
     shardwise train cfg.py --nproc-per-node 8 --max-restarts 3    # restart and auto-resume
     torchrun --nproc-per-node 8 -m shardwise.cli train cfg.py     # an existing launcher
+    srun --ntasks-per-node=1 shardwise train cfg.py --nproc-per-node 8  # torchrun per node
+    srun --ntasks-per-node=8 shardwise train cfg.py               # one srun task per rank
+    shardwise train cfg.py --nproc-per-node 8 --resume --requeue  # preempted: requeue (SLURM)
     shardwise train cfg.py --resume                               # the latest checkpoint
     shardwise train cfg.py --cfg-options train_cfg.max_iters=100 optim_wrapper.optimizer.lr=0.1
     shardwise plot work_dirs/cfg                                  # curves into a PNG
@@ -82,10 +87,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     )
     launch = parser.add_argument_group(
         "launching processes (torch.distributed.run)",
-        "used when --nproc-per-node > 1 or --nnodes > 1 and no launcher started this process",
+        "used when no launcher started this process and --nproc-per-node > 1 or --nnodes > 1, "
+        "under srun with one task per node, and in a Kubeflow pod (PET_* variables)",
     )
-    launch.add_argument("--nproc-per-node", type=int, default=1, help="processes per node")
-    launch.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX (elastic)")
+    launch.add_argument(
+        "--nproc-per-node", type=int, help="processes per node (default 1, or the launcher's)"
+    )
+    launch.add_argument("--nnodes", help="number of nodes, or MIN:MAX (elastic)")
     launch.add_argument("--node-rank", type=int, help="this node's rank (static rendezvous)")
     launch.add_argument("--rdzv-backend", help="rendezvous backend (e.g. c10d)")
     launch.add_argument("--rdzv-endpoint", help="rendezvous HOST:PORT, the same on every node")
@@ -95,15 +103,30 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     launch.add_argument(
         "--max-restarts",
         type=int,
-        default=0,
-        help="restart the workers this many times after a failure; they resume from the "
-        "last checkpoint committed since the launch",
+        help="restart the workers this many times after a failure (default 0); they resume "
+        "from the last checkpoint committed since the launch",
     )
     parser.add_argument(
         "--auto-resume",
         action="store_true",
         help="on an elastic restart (TORCHELASTIC_RESTART_COUNT > 0), resume from the latest "
         "checkpoint committed since the launch (added for the workers when --max-restarts > 0)",
+    )
+    preempt = parser.add_argument_group(
+        "preemption",
+        "a preemption signal to any rank ends the run with a checkpoint of that iteration and "
+        "exit code 143 (the config's preemption=dict(...))",
+    )
+    preempt.add_argument(
+        "--requeue",
+        action="store_true",
+        help="after a preemption checkpoint, requeue the SLURM job (scontrol requeue): "
+        "preemption.requeue=True",
+    )
+    preempt.add_argument(
+        "--preempt-signals",
+        metavar="SIG[,SIG...]",
+        help="the signals that mean preemption, e.g. SIGTERM,SIGUSR1: preemption.signals",
     )
     parser.set_defaults(func=train)
 
@@ -148,11 +171,35 @@ def load_train_config(
     args: argparse.Namespace, world_size: int | None = None, local_world_size: int | None = None
 ) -> Any:
     """The config with the command line applied (``--cfg-options``, ``--work-dir``,
-    ``--resume``, ``--load-from``, ``--launcher``), checked by ``Runner.check_cfg`` for a run
-    of ``world_size`` ranks, ``local_world_size`` per node (default: this process's)."""
-    from shardwise.config import Config
-
+    ``--resume``, ``--load-from``, ``--launcher``, ``--requeue``, ``--preempt-signals``),
+    checked by ``Runner.check_cfg`` for a run of ``world_size`` ranks, ``local_world_size``
+    per node (default: this process's)."""
     from .runner import Runner
+
+    cfg = _read_train_config(args)
+    Runner.check_cfg(cfg, world_size=world_size, local_world_size=local_world_size)
+    return cfg
+
+
+def _parse_signals(value: str) -> list[str]:
+    import signal
+
+    names = []
+    for raw in value.split(","):
+        key = raw.strip().upper()
+        key = key if key.startswith("SIG") else f"SIG{key}"
+        if not hasattr(signal.Signals, key) or key in ("SIGKILL", "SIGSTOP"):
+            raise ValueError(
+                f"--preempt-signals {value}: {raw.strip()!r} is not a signal that can be caught; "
+                "e.g. --preempt-signals SIGTERM,SIGUSR1"
+            )
+        names.append(key)
+    return names
+
+
+def _read_train_config(args: argparse.Namespace) -> Any:
+    """The config with the command line applied, unchecked (see :func:`load_train_config`)."""
+    from shardwise.config import Config
 
     config = Path(args.config)
     if not config.is_file():
@@ -186,11 +233,23 @@ def load_train_config(
         cfg.load_from = args.load_from
     if args.launcher is not None:
         cfg.launcher = args.launcher
-    Runner.check_cfg(cfg, world_size=world_size, local_world_size=local_world_size)
+    preemption = {}
+    if getattr(args, "requeue", False):
+        preemption["requeue"] = True
+    if getattr(args, "preempt_signals", None):
+        preemption["signals"] = _parse_signals(args.preempt_signals)
+    if preemption:
+        current = cfg.get("preemption")
+        if current is not None and not isinstance(current, dict):
+            raise ValueError(
+                f"preemption must be a dict such as dict(signals=['SIGTERM', 'SIGUSR1'], "
+                f"requeue=True), got {current!r}"
+            )
+        cfg.preemption = {**dict(current or {}), **preemption}
     return cfg
 
 
-def _worker_argv(args: argparse.Namespace, work_dir: str) -> list[str]:
+def _worker_argv(args: argparse.Namespace, work_dir: str, max_restarts: int = 0) -> list[str]:
     argv = ["train", str(Path(args.config).absolute()), "--launcher", "pytorch"]
     argv += ["--work-dir", work_dir]
     if args.resume == "auto":
@@ -201,8 +260,12 @@ def _worker_argv(args: argparse.Namespace, work_dir: str) -> list[str]:
         argv += ["--load-from", str(Path(args.load_from).absolute())]
     if getattr(args, "cfg_options_raw", None):
         argv += ["--cfg-options", *args.cfg_options_raw]
-    if args.auto_resume or args.max_restarts > 0:
+    if args.auto_resume or max_restarts > 0:
         argv.append("--auto-resume")
+    if getattr(args, "requeue", False):
+        argv.append("--requeue")
+    if getattr(args, "preempt_signals", None):
+        argv += ["--preempt-signals", args.preempt_signals]
     return argv
 
 
@@ -225,15 +288,15 @@ def _apply_auto_resume(cfg: Any) -> str | None:
 
 
 def train(args: argparse.Namespace) -> int:
-    """``shardwise train``: check the config, then train here or launch the processes."""
+    """``shardwise train``: decide where the ranks run (:func:`~.launch.plan_launch`), check
+    the config for that run, then train here or launch the processes."""
     from shardwise import dist
 
-    from .launch import LaunchOptions, launch
+    from .launch import LaunchOptions, launch, plan_launch
 
-    launcher = args.launcher or dist.infer_launcher()
     options = LaunchOptions(
         nproc_per_node=args.nproc_per_node,
-        nnodes=str(args.nnodes),
+        nnodes=None if args.nnodes is None else str(args.nnodes),
         node_rank=args.node_rank,
         rdzv_backend=args.rdzv_backend,
         rdzv_endpoint=args.rdzv_endpoint,
@@ -242,34 +305,27 @@ def train(args: argparse.Namespace) -> int:
         master_port=args.master_port,
         max_restarts=args.max_restarts,
     )
-    wants_processes = options.nproc_per_node > 1 or options.multi_node
     try:
-        options.check()
-        if wants_processes and args.launcher == "none":
-            raise ValueError(
-                f"--launcher none runs one process, but --nproc-per-node {options.nproc_per_node}"
-                f" / --nnodes {options.nnodes} ask for more; drop --launcher none"
-            )
-        sizes = (None, None)
-        if wants_processes and launcher == "none" and options.nnodes.isdigit():
-            nodes = int(options.nnodes)
-            sizes = (options.nproc_per_node * nodes, options.nproc_per_node)
-        cfg = load_train_config(args, *sizes)
+        cfg = _read_train_config(args)
+        # as mmengine's tools/train.py: --launcher (or the environment), not a config's key
+        plan = plan_launch(options, args.launcher)
+        from .runner import Runner
+
+        Runner.check_cfg(cfg, world_size=plan.world_size, local_world_size=plan.local_world_size)
     except (ValueError, TypeError, KeyError, FileNotFoundError, SyntaxError, ImportError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"shardwise train: error: {message}", file=sys.stderr)
         return 2
-    if wants_processes and launcher == "none":
-        return launch(options, _worker_argv(args, cfg.work_dir))
+    if plan.torchrun is not None:
+        if plan.source != "command line":
+            print(f"shardwise train: {plan.description}", flush=True)
+        signals = (cfg.get("preemption") or {}).get("signals") or ()
+        signals = [signals] if isinstance(signals, str) else list(signals)
+        worker_argv = _worker_argv(args, cfg.work_dir, plan.torchrun.max_restarts or 0)
+        return launch(plan.torchrun, worker_argv, signals=signals)
 
-    from .runner import Runner
-
+    cfg.launcher = plan.launcher
     notes = []
-    if wants_processes:
-        notes.append(
-            f"This process was started by a launcher ({launcher}): --nproc-per-node and "
-            "--nnodes are ignored"
-        )
     if args.auto_resume:
         notes.append(_apply_auto_resume(cfg))
     try:
@@ -278,10 +334,7 @@ def train(args: argparse.Namespace) -> int:
             runner.logger.warning(note)
         runner.train()
     finally:
-        if dist.is_distributed():
-            import torch.distributed
-
-            torch.distributed.destroy_process_group()
+        if dist.destroy_process_group():  # only a group shardwise created
             global TORE_DOWN_PROCESS_GROUP
             TORE_DOWN_PROCESS_GROUP = True
     return 0
