@@ -765,3 +765,17 @@ def test_interpreter_exit_leaves_an_adopted_group_to_its_owner(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == "adopted: True False initialised at exit: True".split()
+
+
+def test_the_readme_s_cluster_recipes_name_tests_that_exist():
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Running on a cluster", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(?:tests/[\w/]+\.py::)?(test_\w+)`", section))
+    defined = {
+        name
+        for path in (REPO / "tests").glob("test_*.py")
+        for name in re.findall(r"^def (test_\w+)", path.read_text(), flags=re.M)
+    }
+    assert len(named) >= 12 and named <= defined, named - defined
+    for path in re.findall(r"`((?:examples|tests)/[\w/.]+)`", section):
+        assert (REPO / path).exists(), path
