@@ -177,7 +177,7 @@ def plan_launch(
     if dist.is_distributed():
         return _plan_adopted(options, launcher, env)
     if launcher == "none":
-        if nproc is not None and nproc > 1 or options.multi_node:
+        if (nproc is not None and nproc > 1) or options.multi_node:
             raise ValueError(
                 f"--launcher none runs one process, but --nproc-per-node {options.nproc} / "
                 f"--nnodes {options.nnodes or 1} ask for more; drop --launcher none"
