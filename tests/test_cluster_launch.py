@@ -647,9 +647,11 @@ def _train_in_an_adopted_group(strategy: str, work_dir: str, notebook: bool) -> 
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             os.environ.pop(name)
     group = torch_dist.group.WORLD
-    runner = Runner(work_dir=work_dir, strategy=dict(type=strategy), **ADOPT_CONFIG)
+    chosen = dict(type=strategy) if strategy else None  # None: the Runner's default
+    runner = Runner(work_dir=work_dir, strategy=chosen, **ADOPT_CONFIG)
     runner.train()
     seen = dict(
+        strategy=type(runner.strategy).__name__,
         launcher=runner.strategy.launcher,
         distributed=runner.strategy.distributed,
         world=runner.strategy.world_size,
@@ -669,8 +671,8 @@ def _train_in_an_adopted_group(strategy: str, work_dir: str, notebook: bool) -> 
 
 @pytest.mark.parametrize(
     "strategy, notebook",
-    [("DDPStrategy", False), ("FSDPStrategy", False), ("DDPStrategy", True)],
-    ids=["ddp", "fsdp", "ddp-no-launcher-variables"],
+    [("DDPStrategy", False), ("FSDPStrategy", False), ("DDPStrategy", True), (None, True)],
+    ids=["ddp", "fsdp", "ddp-no-launcher-variables", "default-no-launcher-variables"],
 )
 def test_a_strategy_adopts_an_existing_group_and_leaves_it_alive(tmp_path, strategy, notebook):
     work_dir = str(tmp_path / "work")
@@ -682,6 +684,7 @@ def test_a_strategy_adopts_an_existing_group_and_leaves_it_alive(tmp_path, strat
         assert seen["distributed"] and seen["world"] == 2 and not seen["owns"]
         assert seen["launcher"] == ("none" if notebook else "pytorch")
         assert seen["device"] == "cpu"
+        assert seen["strategy"] == (strategy or "DDPStrategy")  # several ranks: DDP by default
     assert results[0]["checkpoint"] == str(Path(work_dir) / "iter_4.pth")
     assert is_committed(results[0]["checkpoint"])
 

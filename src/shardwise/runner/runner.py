@@ -71,8 +71,8 @@ class Runner:
     Args:
         model: an ``nn.Module`` or a ``MODELS`` config (built by the strategy).
         work_dir: checkpoints, ``last_checkpoint`` and the per-run log directory go here.
-        strategy: a strategy or its config; default ``DDPStrategy`` under a launcher, else
-            ``SingleDeviceStrategy``.
+        strategy: a strategy or its config; default ``DDPStrategy`` under a launcher or in an
+            initialised process group of several ranks, else ``SingleDeviceStrategy``.
         train_dataloader, val_dataloader: ``DataLoader`` objects or configs (see
             :func:`~shardwise.runner.data.build_dataloader`).
         optim_wrapper, param_scheduler: objects or configs, built by the strategy.
@@ -265,7 +265,8 @@ class Runner:
             return strategy
         launcher_name = launcher or dist.infer_launcher()
         if strategy is None:
-            name = "DDPStrategy" if launcher_name != "none" else "SingleDeviceStrategy"
+            several = launcher_name != "none" or dist.get_world_size() > 1  # an adopted group
+            name = "DDPStrategy" if several else "SingleDeviceStrategy"
             strategy = dict(type=name)
         if not isinstance(strategy, Mapping):
             raise TypeError(
