@@ -28,11 +28,11 @@ from _common import DEADLINE_ENV, machine_info  # noqa: E402
 
 # name -> (seconds reserved for it in --quick, time limit in seconds for --full)
 SECTIONS: dict[str, tuple[int, int]] = {
-    "overhead": (40, 1200),
-    "peer_lightning": (50, 1200),
+    "overhead": (80, 1500),
+    "peer_lightning": (45, 1200),
     "checkpoint_io": (75, 1800),
     "checkpoint_engine": (115, 1800),
-    "scale": (230, 5400),
+    "scale": (215, 5400),
     "meta_init": (15, 900),
     "gpu": (5, 1800),
 }
@@ -233,13 +233,43 @@ def write_overhead(rep: Report, res: dict[str, Any]) -> None:
         "first (the same work).",
         "",
     )
+    if "tp_model" in res:
+        tp = res["tp_model"]
+        rep.add(
+            f"Tensor-parallel rows: CharGPT with {tp['n_layer']} layers, "
+            f"{res['tp_model_params'] / 1e6:.2f}M parameters (d={tp['n_embd']}, "
+            f"{tp['n_head']} heads), batch {res['batch']} per data-parallel rank (tensor-parallel "
+            "peers take the same batch). shardwise: `FSDPStrategy(parallelism=dict(dp_shard=-1, "
+            "tp=2), tp_plan=...)`, blocks wrapped; raw: `parallelize_module` with the same plan "
+            "on `init_device_mesh('cpu', (dp, 2), mesh_dim_names=('dp_shard', 'tp'))['tp']`, "
+            "then `fully_shard` on each block and the root over `mesh['dp_shard']`, plain AdamW. "
+            "Plan: "
+            + ", ".join(f"`{k}`: {v}" for k, v in res["tp_plan"].items())
+            + ". The 4-rank row runs 4 single-threaded ranks on this machine's cores."
+            + (
+                f" These two rows come from a separate run of `{res['tp_rows_from']['command']}` "
+                f"on {res['tp_rows_from']['date']} (same machine, section wall "
+                f"{res['tp_rows_from']['wall_s']} s), merged into this run's results."
+                if res.get("tp_rows_from")
+                else ""
+            ),
+            "",
+        )
     rows = []
     labels = {
         "single": "SingleDeviceStrategy, 1 process",
         "ddp": "DDPStrategy, 2 ranks",
         "fsdp": "FSDPStrategy, 2 ranks",
+        "tp": "FSDPStrategy tp=2, 2 ranks",
+        "fsdp_tp": "FSDPStrategy dp_shard=2 × tp=2, 4 ranks",
     }
-    baselines = {"single": "raw loop", "ddp": "raw DDP", "fsdp": "raw fully_shard"}
+    baselines = {
+        "single": "raw loop",
+        "ddp": "raw DDP",
+        "fsdp": "raw fully_shard",
+        "tp": "raw parallelize_module + fully_shard",
+        "fsdp_tp": "raw parallelize_module + fully_shard",
+    }
     for case, c in res["cases"].items():
         if c.get("status") != "ok":
             rows.append([labels[case], c.get("status", "?"), "", "", "", "", "", "", ""])
@@ -265,10 +295,14 @@ def write_overhead(rep: Report, res: dict[str, Any]) -> None:
         )
         if c["ratio"] > c["target"]:
             excess = (c["ratio"] - 1) * c["raw_step"]["median_s"]
+            calls = _collectives_differ(c.get("collectives_per_step_rank0"))
             verdict = (
-                "shardwise's own frames account for less than a tenth of the gap, and the run's "
-                f"paired-ratio IQR [{_r(iqr[0])}–{_r(iqr[1])}] spans 1.0: the gap is this run's "
-                "noise (other processes on the 2 cores), not shardwise code"
+                f"the contenders' collectives differ ({calls}): shardwise's step does other "
+                "communication than the raw one"
+                if calls
+                else "shardwise's own frames account for less than a tenth of the gap, and the "
+                f"run's paired-ratio IQR [{_r(iqr[0])}–{_r(iqr[1])}] spans 1.0: the gap is this "
+                "run's noise (other processes on the 2 cores), not shardwise code"
                 if own < 0.1 * excess and iqr[0] <= 1.0
                 else "top shardwise frames: "
                 + "; ".join(
@@ -294,6 +328,30 @@ def write_overhead(rep: Report, res: dict[str, Any]) -> None:
             "steps timed",
         ],
         rows,
+    )
+    differ = [
+        f"{labels[case]}: {calls}"
+        for case, c in res["cases"].items()
+        if c.get("status") == "ok"
+        and (calls := _collectives_differ(c.get("collectives_per_step_rank0")))
+    ]
+    if differ:
+        rep.add(
+            "Collectives per step that differ between the contenders (cProfile call counts on "
+            "rank 0; the same work makes the same calls): " + "; ".join(differ) + ".",
+            "",
+        )
+
+
+def _collectives_differ(counts: dict[str, dict[str, float]] | None) -> str:
+    """The collectives whose calls per step differ between shardwise and raw, or ''."""
+    if not counts:
+        return ""
+    mine, theirs = counts["shardwise"], counts["raw"]
+    return "; ".join(
+        f"{name} {mine.get(name, 0):g} against raw's {theirs.get(name, 0):g} per step"
+        for name in sorted(set(mine) | set(theirs))
+        if mine.get(name, 0) != theirs.get(name, 0)
     )
 
 
