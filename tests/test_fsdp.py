@@ -716,3 +716,15 @@ def test_wrap_policy_and_activation_checkpointing_select_modules_the_same_ways()
             assert bool(selector(module)) is expected, value
             assert bool(check_fn(module)) is expected, value
             assert policy(module, False, 0) is expected, value
+
+
+def test_the_root_keeps_its_parameters_gathered_from_forward_to_backward(tmp_path):
+    """As torch's default and FSDP1's FULL_SHARD: resharding the root after forward would
+    all-gather its parameters (embeddings, head, final norm) again when backward starts."""
+    strategy = FSDPStrategy(work_dir=str(tmp_path), model_wrapper=dict(auto_wrap_policy={Block}))
+    model = strategy.prepare(TinyTransformer())
+    lm_loss(model, *lm_batch(0))  # forward only
+    root = model._get_fsdp_state()._fsdp_param_group
+    block = model.blocks[0]._get_fsdp_state()._fsdp_param_group
+    assert not root.is_sharded  # still gathered for backward
+    assert block.is_sharded  # FULL_SHARD: the blocks are resharded after their forward

@@ -140,8 +140,10 @@ def apply_fsdp(
 ) -> nn.Module:
     """``fully_shard`` each of ``modules`` (children before parents), then the root.
 
-    Works on a model on the meta device: the shards are meta too until
-    :func:`materialize_model`.
+    ``reshard_after_forward`` applies to ``modules``; the root keeps its parameters gathered
+    from forward to backward (torch's default for it, and FSDP1's): resharding it would gather
+    them again as soon as backward starts. Works on a model on the meta device: the shards are
+    meta too until :func:`materialize_model`.
     """
     kwargs: dict[str, Any] = dict(
         mesh=mesh,
@@ -153,7 +155,7 @@ def apply_fsdp(
         kwargs["ignored_params"] = ignored_params
     for module in modules:
         fully_shard(module, **kwargs)
-    fully_shard(model, **kwargs)
+    fully_shard(model, **{**kwargs, "reshard_after_forward": None})
     return model
 
 
