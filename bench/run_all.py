@@ -247,7 +247,8 @@ def write_overhead(rep: Report, res: dict[str, Any]) -> None:
             + ", ".join(f"`{k}`: {v}" for k, v in res["tp_plan"].items())
             + ". The 4-rank row runs 4 single-threaded ranks on this machine's cores."
             + (
-                f" These two rows come from a separate run of `{res['tp_rows_from']['command']}` "
+                f" The rows of {', '.join(res['tp_rows_from'].get('cases', ['tp', 'fsdp_tp']))}"
+                f" come from a separate run of `{res['tp_rows_from']['command']}` "
                 f"on {res['tp_rows_from']['date']} (same machine, section wall "
                 f"{res['tp_rows_from']['wall_s']} s), merged into this run's results."
                 if res.get("tp_rows_from")
