@@ -728,3 +728,16 @@ def test_the_root_keeps_its_parameters_gathered_from_forward_to_backward(tmp_pat
     block = model.blocks[0]._get_fsdp_state()._fsdp_param_group
     assert not root.is_sharded  # still gathered for backward
     assert block.is_sharded  # FULL_SHARD: the blocks are resharded after their forward
+
+
+def test_fsdp_compiles_before_sharding_and_trains(tmp_path):
+    """torchtitan's order: the compiled forward is the model's before fully_shard wraps it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    strategy = FSDPStrategy(work_dir=str(tmp_path), model_wrapper=dict(auto_wrap_policy={Block}))
+    model, wrapper = strategy.prepare(
+        TinyTransformer(), optim_wrapper=OPTIM, compile=dict(backend="eager")
+    )
+    assert isinstance(model, FSDPModule) and "forward" in vars(model)  # compiled, then sharded
+    losses, _ = train_lm(strategy, model, wrapper, range(3))
+    assert all(torch.isfinite(torch.tensor(losses)))
