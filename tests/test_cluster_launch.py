@@ -21,7 +21,7 @@ import pytest
 import torch
 import yaml
 
-from shardwise import dist
+from shardwise import dist, launch_env
 from shardwise.checkpoint import find_last_checkpoint
 from shardwise.checkpoint.manifest import is_committed
 from shardwise.cli import main
@@ -611,7 +611,7 @@ def test_every_rank_refuses_inconsistent_variables_before_any_collective(tmp_pat
     ],
 )
 def test_compressed_node_lists_name_the_master(clean_env, monkeypatch, nodelist, hosts):
-    monkeypatch.setattr(dist.shutil, "which", lambda name: None)  # no scontrol here
+    monkeypatch.setattr(launch_env.shutil, "which", lambda name: None)  # no scontrol here
     assert dist.parse_slurm_nodelist(nodelist) == hosts
     env = dict(SLURM_NTASKS="1", SLURM_PROCID="0", SLURM_JOB_NODELIST=nodelist)
     assert dist.read_launch_env("slurm", env).master_addr == hosts[0]
@@ -619,7 +619,7 @@ def test_compressed_node_lists_name_the_master(clean_env, monkeypatch, nodelist,
 
 @pytest.mark.parametrize("nodelist", ["node[01-", "node01]", "node[]", "a,,b", "a,", "n[3-1]"])
 def test_unreadable_node_lists_are_refused(monkeypatch, nodelist):
-    monkeypatch.setattr(dist.shutil, "which", lambda name: None)
+    monkeypatch.setattr(launch_env.shutil, "which", lambda name: None)
     with pytest.raises(ValueError, match="Cannot parse SLURM node list"):
         dist.parse_slurm_nodelist(nodelist)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 
 import pytest
 import torch
@@ -106,7 +107,7 @@ def test_pytorch_launcher_without_torchrun_variables_says_how_to_launch(launch_e
     ],
 )
 def test_slurm_nodelist_is_expanded_without_scontrol(monkeypatch, nodelist, hosts):
-    monkeypatch.setattr(dist.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     assert dist.parse_slurm_nodelist(nodelist) == hosts
 
 
