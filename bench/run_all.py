@@ -837,8 +837,43 @@ def write_scale(rep: Report, res: dict[str, Any]) -> None:
         ],
         rows,
     )
+    for note in res.get("notes", []):
+        rep.add(note, "")
+    _scale_targets(rep, res)
     if res.get("chart"):
         rep.add(f"![scale]({Path(res['chart']).name})", "")
+
+
+def _scale_targets(rep: Report, res: dict[str, Any]) -> None:
+    """Targets on single rows (``res['targets']``: size, strategy, world_size, figure
+    ``'save_ratio'`` or ``'load_ratio'``, target, the measured reason should it miss)."""
+    lines = []
+    for t in res.get("targets", []):
+        row = next(
+            (
+                r
+                for r in res["rows"]
+                if (r["size"], r["strategy"], r["world_size"])
+                == (t["size"], t["strategy"], t["world_size"])
+                and r.get("status") == "ok"
+            ),
+            None,
+        )
+        what = "resume / disk read" if t["figure"] == "load_ratio" else "save / disk write"
+        name = f"{t['size']} {t['strategy']} x{t['world_size']}, {what}"
+        if row is None:
+            lines.append(f"{name} ≤ {t['target']}: not measured")
+            continue
+        met = row[t["figure"]] <= t["target"]
+        lines.append(
+            f"{name} ≤ {t['target']}: {_r(row[t['figure']])} ({'met' if met else '**no**'})"
+        )
+        if not met:
+            rep.misses.append(
+                f"Scale, {name}: {_r(row[t['figure']])} > {t['target']}. {t.get('reason', '')}"
+            )
+    if lines:
+        rep.add("Targets (issue 20): " + "; ".join(lines) + ".", "")
 
 
 def write_checkpoint_engine(rep: Report, res: dict[str, Any]) -> None:

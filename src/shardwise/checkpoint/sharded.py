@@ -171,6 +171,9 @@ class _HashingStream(HashingWriter):
         return self._f.tell()
 
     def fileno(self) -> int:
+        # DCP fsyncs ``fileno()`` before it closes the stream: what the buffer still holds
+        # must reach the file first, or the fsync would miss a file's last bytes
+        self._f.flush()
         return self._f.fileno()
 
     def close(self) -> None:
