@@ -1384,16 +1384,26 @@ def write_planning(rep: Report, res: dict[str, Any]) -> None:
         "O(N × T) reads per rank.",
         "",
     )
+    two = cases.get("2", {}).get("save_cache", {}).get("phases_rank0", {})
+    loop2 = two.get("gather plans", {}).get("wall", 0.0) / 2
     rep.add(
         "What the model leaves out: a real network's per-rank latency is assumed, not "
-        "measured (the loopback gather here costs "
-        + _s(
-            cases[ns[-1]]["save_cache"]["phases_rank0"].get("gather plans", {}).get("wall", 0.0)
-            / max(int(ns[-1]), 1)
+        "measured (a cached save's gather of 124-byte plans over loopback costs "
+        + "; ".join(
+            f"{_s(cases[n]['save_cache']['phases_rank0']['gather plans']['wall'] / int(n))} "
+            f"per rank at {n}"
+            for n in ns
+            if int(n) > 1 and "gather plans" in cases[n]["save_cache"]["phases_rank0"]
         )
-        + " per rank at "
-        + ns[-1]
-        + " ranks, wall, including waiting for oversubscribed CPUs); NCCL's object "
+        + " ranks, wall, which includes waiting for the slowest rank and, past 2 ranks, for "
+        "the oversubscribed CPUs: an upper bound"
+        + (
+            f"; at {_s(loop2)} per rank the latency term alone would be {steps['save']} × "
+            f"4,096 × {_s(loop2)} = {_s(steps['save'] * 4096 * loop2)} per save"
+            if loop2
+            else ""
+        )
+        + "); NCCL's object "
         "collectives go through GPU memory; the fit is linear over at most 8 ranks, so a "
         "super-linear term (Python's garbage collector over rank 0's growing heap, the "
         "per-tensor chunk search of a load's local plan) would show only beyond it; stragglers "
