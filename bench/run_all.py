@@ -45,6 +45,8 @@ QUICK_BUDGET_S = 560
 GRACE_S = 20
 STEP_TARGET = 1.02
 IO_TARGET = 1.10
+#: Issue 20's target for the full format's loads (load_checkpoint, resume) against torch.
+FULL_LOAD_TARGET = 1.05
 
 
 def _run(cmd: list[str], limit: float, env: dict[str, str] | None = None):
@@ -485,7 +487,13 @@ def write_checkpoint(rep: Report, res: dict[str, Any]) -> None:
         "`wait_for_checkpoint()` returns, nothing else running meanwhile; on 2 ranks each "
         "repeat counts the slower rank. Resharded resume: the sharded row's checkpoint (saved "
         "by FSDP on 2 ranks) resumed by `SingleDeviceStrategy` on 1 rank, its page cache "
-        "evicted, against FSDP's resume of the same checkpoint on 2 ranks.",
+        "evicted, against FSDP's resume of the same checkpoint on 2 ranks."
+        + (
+            f" Taken by `{res['run_from']['command']}` on {res['run_from']['date']} (same "
+            f"machine, section wall {res.get('wall_s')} s), merged into this run's results."
+            if res.get("run_from")
+            else ""
+        ),
         "",
     )
     rows: list[list[str]] = []
@@ -517,8 +525,8 @@ def write_checkpoint(rep: Report, res: dict[str, Any]) -> None:
                 _s(load["shardwise load_checkpoint"]),
                 f"torch.load+load_state_dict {_s(load['torch.load+load_state_dict (weights)'])}",
                 _r(ratios["load_checkpoint vs torch.load+load_state_dict"]),
-                f"≤ {IO_TARGET}",
-                _met(ratios["load_checkpoint vs torch.load+load_state_dict"], IO_TARGET),
+                f"≤ {FULL_LOAD_TARGET}",
+                _met(ratios["load_checkpoint vs torch.load+load_state_dict"], FULL_LOAD_TARGET),
             ],
             [
                 "full resume (weights+optimizer+RNG)",
@@ -527,8 +535,8 @@ def write_checkpoint(rep: Report, res: dict[str, Any]) -> None:
                 f"{_s(load['torch.load+load_state_dict (weights+optimizer)'])}; disk read "
                 f"{full['disk_read_gbps']:.2f} GB/s ({_s(full['disk_read_s'])})",
                 _r(ratios["resume vs torch.load+load_state_dict x2"]),
-                f"≤ {IO_TARGET}",
-                _met(ratios["resume vs torch.load+load_state_dict x2"], IO_TARGET),
+                f"≤ {FULL_LOAD_TARGET}",
+                _met(ratios["resume vs torch.load+load_state_dict x2"], FULL_LOAD_TARGET),
             ],
         ]
         for key, label in (
@@ -536,10 +544,11 @@ def write_checkpoint(rep: Report, res: dict[str, Any]) -> None:
             ("load_checkpoint vs torch.load+load_state_dict", "load_checkpoint"),
             ("resume vs torch.load+load_state_dict x2", "resume"),
         ):
-            if ratios[key] > IO_TARGET:
+            target = IO_TARGET if label == "save" else FULL_LOAD_TARGET
+            if ratios[key] > target:
                 runs = full["save_runs_s"] if label == "save" else full["load_runs_s"]
                 rep.misses.append(
-                    f"Checkpoint, full {key}: {_r(ratios[key])} > {IO_TARGET}. "
+                    f"Checkpoint, full {key}: {_r(ratios[key])} > {target}. "
                     f"{_breakdown(full['profiles'], label)}. All runs (s): "
                     + "; ".join(f"{k} {[round(x, 3) for x in v]}" for k, v in runs.items())
                     + "."

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import threading
 import time
@@ -144,6 +145,43 @@ def file_checksum(
     return digest.hexdigest()
 
 
+#: Bytes of a file mapped at a time by :func:`_mapped_checksum`.
+_WINDOW = 16 << 20
+
+
+def _mapped_checksum(
+    path: str | os.PathLike[str], on_bytes: OnBytes | None = None, algorithm: str = ALGORITHM
+) -> str:
+    """:func:`file_checksum`, hashing the file's pages where they lie (``mmap``, 16 MiB at a
+    time) instead of copying them into a buffer: one call per window, which releases the GIL
+    for the page faults and the hash alike, so that a :class:`ChecksumCheck` beside a
+    ``torch.load`` neither copies the file a second time nor waits for the GIL after every
+    MiB (``torch.load``'s unpickler holds it). Its sequential faults also read the file
+    ahead of the load. Falls back to :func:`file_checksum` where a file cannot be mapped.
+
+    The file must not shrink while it is hashed (a page past its new end faults with
+    SIGBUS, as under ``torch.load(mmap=True)``); a checkpoint's files never do: a commit
+    writes new files and renames them, and retention unlinks them (a mapping keeps an
+    unlinked file readable)."""
+    digest = new_checksum(algorithm)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            for offset in range(0, size, _WINDOW):
+                length = min(_WINDOW, size - offset)
+                with mmap.mmap(
+                    f.fileno(), length, offset=offset, access=mmap.ACCESS_READ
+                ) as window:
+                    if hasattr(window, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
+                        window.madvise(mmap.MADV_SEQUENTIAL)
+                    digest.update(window)
+                if on_bytes is not None:
+                    on_bytes(length)
+    except (OSError, ValueError):  # not mappable here (e.g. a special file system)
+        return file_checksum(path, on_bytes, algorithm)
+    return digest.hexdigest()
+
+
 def _checkpoint_files(checkpoint: Path) -> list[str]:
     """Every file of a directory checkpoint (relative, POSIX), the manifest excluded."""
     files = []
@@ -208,8 +246,7 @@ def _parse(target: Path) -> dict[str, Any]:
     files = manifest["files"]
     algorithm = manifest.get("algorithm")
     if algorithm not in _LABELS or not all(
-        isinstance(v.get("size"), int) and isinstance(v.get(algorithm), str)
-        for v in files.values()
+        isinstance(v.get("size"), int) and isinstance(v.get(algorithm), str) for v in files.values()
     ):
         raise ValueError("unknown algorithm or malformed file entries")
     return manifest
@@ -262,6 +299,17 @@ def verify_manifest(
         FileNotFoundError: ``checkpoint`` has no manifest.
         CheckpointError: its manifest is damaged.
     """
+    return _verify(checkpoint, on_bytes, files, file_checksum)
+
+
+def _verify(
+    checkpoint: str | os.PathLike[str],
+    on_bytes: OnBytes | None,
+    files: Iterable[str] | None,
+    checksum: Callable[..., str],
+) -> list[Problem]:
+    """:func:`verify_manifest`, each file hashed by ``checksum`` (``file_checksum``'s
+    signature)."""
     checkpoint = Path(checkpoint)
     manifest = read_manifest(checkpoint)
     if manifest is None:
@@ -288,7 +336,7 @@ def verify_manifest(
                 Problem(rel, f"size is {size} bytes, the manifest recorded {recorded['size']}")
             )
             continue
-        digest = file_checksum(path, on_bytes, algorithm)
+        digest = checksum(path, on_bytes, algorithm)
         if digest != recorded[algorithm]:
             problems.append(
                 Problem(
@@ -306,9 +354,7 @@ def recorded_files(checkpoint: str | os.PathLike[str]) -> list[str]:
     return sorted(manifest["files"]) if manifest is not None else []
 
 
-def check_checksums(
-    checkpoint: str | os.PathLike[str], files: Iterable[str] | None = None
-) -> None:
+def check_checksums(checkpoint: str | os.PathLike[str], files: Iterable[str] | None = None) -> None:
     """Before loading: raise :class:`CheckpointError` naming every file of ``checkpoint``
     (among ``files``, default all) whose bytes differ from its manifest. A checkpoint without
     a manifest (written before manifests, or by another tool) has nothing to compare with and
@@ -329,8 +375,9 @@ def _raise_if_damaged(checkpoint: str | os.PathLike[str], problems: list[Problem
 class ChecksumCheck:
     """:func:`check_checksums` in a background thread, while the caller reads the same files:
     the hashing (which releases the GIL) runs beside the load, and the page cache serves both
-    reads of each byte. :meth:`result` waits and raises as :func:`check_checksums` does; call it
-    before anything read is used.
+    reads of each byte; the thread hashes the pages where they lie (:func:`_mapped_checksum`:
+    no second copy of the file, one GIL hand-off per 16 MiB). :meth:`result` waits and raises
+    as :func:`check_checksums` does; call it before anything read is used.
 
     Example::
 
@@ -351,7 +398,9 @@ class ChecksumCheck:
 
     def _run(self) -> None:
         try:
-            check_checksums(self.checkpoint, self._files)
+            if manifest_path(self.checkpoint).is_file():
+                problems = _verify(self.checkpoint, None, self._files, _mapped_checksum)
+                _raise_if_damaged(self.checkpoint, problems)
         except BaseException as exc:  # noqa: BLE001 - raised by result() in the caller's thread
             self._error = exc
 
@@ -421,4 +470,3 @@ def stage_manifest(
     write_synced(staged, _dump(build_manifest(staging, name=final.name, known=known)))
     sidecar.unlink(missing_ok=True)
     return PendingManifest(staged, sidecar)
-
