@@ -398,3 +398,32 @@ def test_later_sharded_saves_reuse_the_save_plan_and_hold_their_own_state(tmp_pa
     for result in run_distributed(_saves_with_a_cached_plan, 2, str(tmp_path)):
         assert result["cached"] == 1  # every rank kept the local plan of this strategy
         assert result["same"] == [True, True] and result["differ"]
+
+
+def test_an_optimizer_without_per_parameter_state_resumes_its_hyperparameters_only(
+    tmp_path, monkeypatch
+):
+    """SGD without momentum keeps no state: the resume sets its groups' hyperparameters and
+    does not run torch's helper, which would first create state with a zero-gradient step
+    (a zeros_like of every parameter: seconds at 1B)."""
+    from shardwise.strategies import state_dicts
+
+    def sgd(lr):
+        strategy = FSDPStrategy(
+            work_dir=str(tmp_path), model_wrapper=dict(auto_wrap_policy={Block})
+        )
+        model, wrapper = strategy.prepare(
+            TinyTransformer(), optim_wrapper=dict(optimizer=dict(type="SGD", lr=lr))
+        )
+        return strategy, model, wrapper
+
+    strategy, model, wrapper = sgd(0.1)
+    train_lm(strategy, model, wrapper, range(2))
+    wrapper.optimizer.param_groups[0]["lr"] = 0.05  # as a scheduler would have left it
+    strategy.save_checkpoint(str(tmp_path / "ckpt"))
+    strategy, model, wrapper = sgd(0.1)
+    calls = []
+    monkeypatch.setattr(state_dicts, "set_optimizer_state_dict", lambda *a, **k: calls.append(a))
+    strategy.resume(str(tmp_path / "ckpt"))
+    assert wrapper.optimizer.param_groups[0]["lr"] == 0.05 and not calls
+    assert not wrapper.optimizer.state and all(p.grad is None for p in model.parameters())
