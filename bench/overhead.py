@@ -67,22 +67,16 @@ TP_CASES = {
     "tp": (2, dict(dp_replicate=1, dp_shard=-1, tp=TP)),
     "fsdp_tp": (4, dict(dp_replicate=1, dp_shard=-1, tp=TP)),
 }
-#: How both contenders split the GPT (the example model's own ``_tp_plan``, in shardwise's
-#: words): attention by heads, the MLP by hidden units, the embedding and head by vocabulary.
-TP_PLAN = {
-    "tok_emb": "embedding_rowwise",
-    "blocks.*.attn.q": "colwise",
-    "blocks.*.attn.k": "colwise",
-    "blocks.*.attn.v": "colwise",
-    "blocks.*.attn.proj": "rowwise",
-    "blocks.*.mlp.0": "colwise",
-    "blocks.*.mlp.2": "rowwise",
-    "head": "colwise_gather_output",
-}
+def tp_plan() -> dict[str, Any]:
+    """How both contenders split the GPT: the example model's own ``_tp_plan`` (attention by
+    heads, the MLP by hidden units, the embedding and head by vocabulary)."""
+    from _models import model_classes
+
+    return dict(model_classes()[0]._tp_plan)
 
 
 def torch_tp_plan() -> dict[str, Any]:
-    """:data:`TP_PLAN` in torch's own styles, for ``parallelize_module`` (which takes the same
+    """:func:`tp_plan` in torch's own styles, for ``parallelize_module`` (which takes the same
     ``*`` patterns)."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
@@ -190,7 +184,7 @@ def _make_contenders(case: str, work_dir: str):
             model_wrapper=dict(auto_wrap_policy={block}),
             state_dict_cfg="sharded",
             parallelism=parallelism,
-            tp_plan=TP_PLAN,
+            tp_plan=tp_plan(),
         )
     else:
         raise ValueError(case)
@@ -358,7 +352,7 @@ def run(quick: bool = True) -> dict[str, Any]:
         "batch": BATCH,
         "tp_model": TP_MODEL,
         "tp_model_params": count_params(GPTSize(**TP_MODEL)),
-        "tp_plan": TP_PLAN,
+        "tp_plan": tp_plan(),
         "cases": cases,
     }
 

@@ -27,6 +27,7 @@ from shardwise.strategies import (
     resolve_styles,
 )
 from tests.distributed import run_distributed
+from tests.test_fsdp import TinyTransformer
 
 
 # ----------------------------------------------------------------------------- the model
@@ -54,8 +55,9 @@ class TPBlock(nn.Module):
 
 
 @MODELS.register_module()
-class TPTransformer(nn.Module):
-    """A two-block GPT whose class carries its tensor-parallel plan (``tp_plan='auto'``)."""
+class TPTransformer(TinyTransformer):
+    """test_fsdp's two-block GPT with :class:`TPBlock` blocks, whose class carries its
+    tensor-parallel plan (``tp_plan='auto'``)."""
 
     _no_split_modules = ["TPBlock"]
     _tp_plan = {
@@ -70,25 +72,9 @@ class TPTransformer(nn.Module):
     }
 
     def __init__(self, vocab: int = 32, dim: int = 16, layers: int = 2, n_head: int = 4):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, dim)
-        self.pos = nn.Parameter(torch.empty(8, dim))
+        super().__init__(vocab, dim, layers)
         self.blocks = nn.ModuleList(TPBlock(dim, n_head) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab)
         self.init_weights()
-
-    def init_weights(self) -> None:
-        for module in self.modules():
-            if module is not self and hasattr(module, "reset_parameters"):
-                module.reset_parameters()
-        nn.init.normal_(self.pos, std=0.02)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        h = self.tok(idx) + self.pos[: idx.shape[1]]
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.ln_f(h))
 
 
 PLAN = dict(TPTransformer._tp_plan)
