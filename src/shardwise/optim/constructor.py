@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import importlib.util
 import inspect
 import logging
 from collections.abc import Mapping
@@ -36,8 +37,10 @@ __all__ = [
     "DefaultOptimizerConstructor",
     "DefaultOptimWrapperConstructor",
     "TORCH_OPTIMIZERS",
+    "TRANSFORMERS_OPTIMIZERS",
     "build_optim_wrapper",
     "register_torch_optimizers",
+    "register_transformers_optimizers",
 ]
 
 logger = logging.getLogger(__name__)
@@ -51,17 +54,40 @@ _LR_MULTS = ("bias_lr_mult", "dcn_offset_lr_mult")
 
 def register_torch_optimizers() -> list[str]:
     """Register every optimizer class of ``torch.optim`` in ``OPTIMIZERS`` under its name (a
-    class registered already stays) and return the names, as mmengine's function does."""
+    class registered already stays) and return the names, as mmengine's function does:
+    torch's ``Adafactor`` as ``'TorchAdafactor'`` (``'Adafactor'`` is transformers')."""
     names = []
     for name, obj in inspect.getmembers(torch.optim, inspect.isclass):
         if issubclass(obj, Optimizer):
-            OPTIMIZERS.register_module(name=name, module=obj)
+            key = "TorchAdafactor" if name == "Adafactor" else name
+            OPTIMIZERS.register_module(name=key, module=obj)
             names.append(name)
     return names
 
 
 #: The names of ``torch.optim``'s optimizers, all registered in ``OPTIMIZERS``.
 TORCH_OPTIMIZERS = register_torch_optimizers()
+
+
+def register_transformers_optimizers() -> list[str]:
+    """Register Hugging Face transformers' ``Adafactor`` in ``OPTIMIZERS`` when transformers
+    is installed, as mmengine does, and return the names; transformers is imported only when
+    one is built (importing it takes seconds)."""
+    if importlib.util.find_spec("transformers") is None:
+        return []
+
+    def Adafactor(params: Any, **kwargs: Any) -> Optimizer:  # noqa: N802 - the class's name
+        """transformers' ``Adafactor`` (imported on first use)."""
+        from transformers import Adafactor as adafactor
+
+        return adafactor(params, **kwargs)
+
+    OPTIMIZERS.register_module(name="Adafactor", module=Adafactor)
+    return ["Adafactor"]
+
+
+#: The names of transformers' optimizers registered in ``OPTIMIZERS`` (when it is installed).
+TRANSFORMERS_OPTIMIZERS = register_transformers_optimizers()
 
 
 def _is_dcn(module: nn.Module) -> bool:
