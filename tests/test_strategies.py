@@ -128,6 +128,51 @@ def test_mmengine_build_optim_wrapper_docstring_examples(tmp_path):
     ]
 
 
+def test_build_optim_wrapper_with_built_wrappers_needs_no_model(tmp_path):
+    """mmengine's semantics: a dict whose every value is a built OptimWrapper becomes an
+    OptimWrapperDict without a model, before prepare and after it."""
+    from mmengine._strategy.base import BaseStrategy as MMBaseStrategy
+    from mmengine.optim import OptimWrapper as MMOptimWrapper
+    from mmengine.optim import OptimWrapperDict as MMOptimWrapperDict
+
+    gan = ToyGAN()
+
+    def wrappers(cls):
+        return dict(
+            generator=cls(torch.optim.SGD(gan.generator.parameters(), lr=0.01)),
+            discriminator=cls(torch.optim.Adam(gan.discriminator.parameters(), lr=0.001)),
+        )
+
+    oracle = MMBaseStrategy.build_optim_wrapper(None, wrappers(MMOptimWrapper))  # no self used
+    assert isinstance(oracle, MMOptimWrapperDict)
+    strategy = _strategy(tmp_path)
+    before = strategy.build_optim_wrapper(wrappers(OptimWrapper))
+    strategy.prepare(ToyNet())
+    after = strategy.build_optim_wrapper(wrappers(OptimWrapper))
+    for built in (before, after):
+        assert isinstance(built, OptimWrapperDict)
+        assert list(built.keys()) == list(oracle.keys()) == ["generator", "discriminator"]
+        assert built["generator"].optimizer.param_groups[0]["params"][0] is gan.generator.weight
+
+
+def test_build_optim_wrapper_without_a_model_for_a_config_says_so_in_one_line(tmp_path):
+    strategy = _strategy(tmp_path)
+    with pytest.raises(ValueError, match="needs a model") as info:
+        strategy.build_optim_wrapper(dict(optimizer=dict(type="SGD", lr=0.01)))
+    assert "\n" not in str(info.value) and "prepare" in str(info.value)
+    with pytest.raises(ValueError, match="'discriminator'.*needs a model"):
+        strategy.build_optim_wrapper(
+            dict(
+                generator=OptimWrapper(torch.optim.SGD(ToyNet().parameters(), lr=0.1)),
+                discriminator=dict(optimizer=dict(type="Adam", lr=0.001)),
+            )
+        )
+    built = strategy.build_optim_wrapper(
+        dict(optimizer=torch.optim.SGD(ToyNet().parameters(), lr=0.1))
+    )  # a built optimizer needs no model, as in mmengine
+    assert isinstance(built, OptimWrapper)
+
+
 def test_mmengine_build_param_scheduler_docstring_examples(tmp_path):
     strategy = _strategy(tmp_path)
     strategy.prepare(

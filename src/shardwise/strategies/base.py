@@ -313,13 +313,19 @@ class BaseStrategy:
         ``paramwise_cfg`` as in mmengine); or a multi-optimizer dict whose values are
         optimizer wrappers, or configs built against the submodule of the same name
         (``dict(generator=dict(optimizer=...), discriminator=dict(optimizer=...))``).
+        ``model`` defaults to the prepared model; built wrappers and optimizers need none, so a
+        dict of built wrappers gives an ``OptimWrapperDict`` before ``prepare`` too.
 
         Examples:
             >>> strategy.build_optim_wrapper(dict(type='OptimWrapper',
             ...                                   optimizer=dict(type='SGD', lr=0.01)), model)
             >>> strategy.build_optim_wrapper(dict(optimizer=dict(type='SGD', lr=0.01)), model)
+            >>> strategy.build_optim_wrapper(dict(generator=OptimWrapper(gen_optimizer),
+            ...                                   discriminator=OptimWrapper(disc_optimizer)))
         """
-        model = unwrap_model(model if model is not None else self.model)
+        if model is None:  # before prepare there is no model: built wrappers need none
+            model = getattr(self, "model", None)
+        model = None if model is None else unwrap_model(model)
         if isinstance(optim_wrapper, OptimWrapper | OptimWrapperDict):
             return optim_wrapper
         built = {

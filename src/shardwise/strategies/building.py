@@ -87,13 +87,23 @@ def check_prepare_args(
             )
 
 
-def build_wrapper_part(name: str, part: Any, model: nn.Module) -> OptimWrapper:
+def build_wrapper_part(name: str, part: Any, model: nn.Module | None) -> OptimWrapper:
     """One optimizer wrapper of :meth:`BaseStrategy.build_optim_wrapper` (``name``: the
-    submodule it optimizes, ``''`` for the whole model)."""
+    submodule it optimizes, ``''`` for the whole model; ``model`` None: none given yet, which
+    only a built wrapper or optimizer can do without)."""
     if isinstance(part, OptimWrapper):
         return part
     if isinstance(part, torch.optim.Optimizer):
         return OptimWrapper(part)
+    if model is None and isinstance(part, Mapping) and part_optimizer(part) is not None:
+        return OPTIM_WRAPPERS.build({"type": "OptimWrapper", **part})
+    if model is None:
+        where = "optim_wrapper" if name == SINGLE else f"optim_wrapper key {name!r}"
+        raise ValueError(
+            f"{where} is a config ({part!r}) that needs a model to build its optimizer from, "
+            "and none was given: pass build_optim_wrapper(cfg, model), call it after "
+            "prepare(model), or give a built OptimWrapper"
+        )
     target = model if name == SINGLE else getattr(model, name, None)
     if not isinstance(part, Mapping) or not isinstance(target, nn.Module):
         raise ValueError(
