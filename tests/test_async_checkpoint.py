@@ -435,3 +435,31 @@ def test_a_failed_background_copy_releases_training_and_is_raised_at_the_wait(
         strategy.wait_for_checkpoint()
     assert find_last_checkpoint(tmp_path) == str(tmp_path / "good.pth")
     assert not (tmp_path / "broken.pth").exists()
+
+
+def test_staged_dtensors_of_a_cuda_mesh_keep_their_shards_in_host_memory():
+    """On a GPU, FSDP's DTensors live on a 'cuda' mesh; their staged copies must stay in the
+    (pinned) host buffers. DTensor.from_local moved each buffer back to the mesh's device: a
+    second copy of the state in GPU memory, written from there. A 'cuda' mesh that starts no
+    backend shows it on a CPU-only machine (the move raised 'not compiled with CUDA')."""
+    import torch.distributed as torch_dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    from shardwise.checkpoint.async_save import AsyncCheckpointer
+
+    torch_dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1)
+    mesh = DeviceMesh("cuda", [0], _init_backend=False)
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    local = torch.arange(6.0).reshape(3, 2)  # the shard: in host memory in this stand-in
+    meta = TensorMeta(local.shape, local.stride(), local.dtype)
+    weight = DTensor(local, DTensorSpec(mesh, (Shard(0),), meta), requires_grad=False)
+    checkpointer = AsyncCheckpointer()
+    for _ in range(2):  # the second save reuses the buffer and its DTensor
+        staged = checkpointer.stage({"weight": weight})["weight"]
+        assert isinstance(staged, DTensor) and staged.device_mesh is mesh
+        assert staged.placements == (Shard(0),) and staged.shape == weight.shape
+        shard = staged.to_local()
+        assert shard.device.type == "cpu" and shard.data_ptr() != local.data_ptr()
+        assert torch.equal(shard, local)

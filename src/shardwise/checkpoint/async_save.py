@@ -168,14 +168,10 @@ class AsyncCheckpointer:
             or wrapper.shape != tensor.shape
             or wrapper.stride() != tensor.stride()
         ):
-            wrapper = DTensor.from_local(
-                buffer,
-                tensor.device_mesh,
-                tensor.placements,
-                shape=tensor.shape,
-                stride=tensor.stride(),
-                run_check=False,
-            )
+            # The DTensor's own constructor, as torch's CPU staging gets by ``.to('cpu')``:
+            # ``from_local`` would move the host buffer to the mesh's device (a second copy
+            # of the state in GPU memory on a 'cuda' mesh).
+            wrapper = DTensor(buffer, copy.copy(tensor._spec), requires_grad=False)
             self._wrappers[path] = wrapper
         return wrapper
 
