@@ -22,7 +22,9 @@ class Priority(Enum):
 
 
 def get_priority(priority: int | str | Priority) -> int:
-    """The integer value of a priority given as an int (0-100), a name or a :class:`Priority`.
+    """The integer value of a priority given as an int (0-100), a name or a :class:`Priority`
+    (mmengine's exceptions: ``ValueError`` out of range, ``TypeError`` for another type,
+    ``KeyError`` for an unknown name).
 
     Example::
 
@@ -31,17 +33,28 @@ def get_priority(priority: int | str | Priority) -> int:
     """
     if isinstance(priority, Priority):
         return priority.value
+    if isinstance(priority, int) and not isinstance(priority, bool):
+        if not 0 <= priority <= 100:
+            raise ValueError(
+                f"priority must be between 0 and 100 (0 runs first, 100 last), got {priority}"
+            )
+        return priority
     if isinstance(priority, str):
         try:
             return Priority[priority.upper()].value
         except KeyError:
             names = ", ".join(p.name for p in Priority)
-            raise ValueError(
+            raise UnknownPriorityError(
                 f"unknown hook priority {priority!r}; use an int from 0 to 100 or one of {names}"
             ) from None
-    if isinstance(priority, int) and not isinstance(priority, bool) and 0 <= priority <= 100:
-        return priority
-    raise ValueError(
-        f"hook priority must be an int from 0 (first) to 100 (last), a Priority or its name, "
-        f"got {priority!r}"
+    raise TypeError(
+        "priority must be an integer or Priority enum value (or its name), got "
+        f"{type(priority).__name__}: {priority!r}"
     )
+
+
+class UnknownPriorityError(KeyError, ValueError):
+    """A priority name that :class:`Priority` lacks (a ``KeyError``, as mmengine raises)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
