@@ -17,33 +17,37 @@ __all__ = ["IterTimerHook"]
 
 @HOOKS.register_module()
 class IterTimerHook(Hook):
-    """Records ``data_time`` (waiting for the batch), ``time`` (the whole iteration) and the
-    throughput of all ranks together: ``tokens_per_sec`` when the inputs are integer ids of
-    shape (batch, sequence), else ``samples_per_sec``; as ``train/...``, ``val/...`` and
-    ``test/...`` scalars."""
+    """Records, as mmengine's ``IterTimerHook`` does (through ``time.time``):
+    ``{mode}/data_time`` (waiting for the batch) and ``{mode}/time`` (the whole iteration)
+    as scalars, and the estimated seconds left in the loop as the runtime information
+    ``eta``; plus the throughput of all ranks together: ``{mode}/tokens_per_sec`` when the
+    inputs are integer ids of shape (batch, sequence), else ``{mode}/samples_per_sec``.
+    ``mode`` is ``train``, ``val`` or ``test``."""
 
     priority = "NORMAL"
 
     def __init__(self) -> None:
-        self._start: dict[str, float] = {}
-
-    def _reset(self, mode: str) -> None:
-        self._start[mode] = time.perf_counter()
+        self.time_sec_tot = 0.0  # training seconds since before_train
+        self.time_sec_test_val = 0.0  # seconds of the current validation or test epoch
+        self.start_iter = 0
+        self.t = time.time()
 
     def before_train(self, runner) -> None:
-        self._reset("train")
+        self.start_iter = runner.iter  # after a resume: the ETA counts this run's iterations
 
     def _before_epoch(self, runner, mode: str = "train") -> None:
-        self._reset(mode)
+        self.t = time.time()
+
+    def _after_epoch(self, runner, mode: str = "train") -> None:
+        self.time_sec_test_val = 0.0
 
     def after_val(self, runner) -> None:
-        self._reset("train")  # validation time is not training data time
+        self.t = time.time()  # validation time is not the next training batch's data time
 
     def _before_iter(
         self, runner, batch_idx: int, data_batch: Any = None, mode: str = "train"
     ) -> None:
-        now = time.perf_counter()
-        runner.message_hub.update_scalar(f"{mode}/data_time", now - self._start.get(mode, now))
+        runner.message_hub.update_scalar(f"{mode}/data_time", time.time() - self.t)
 
     def _after_iter(
         self,
@@ -53,13 +57,26 @@ class IterTimerHook(Hook):
         outputs: Any = None,
         mode: str = "train",
     ) -> None:
-        now = time.perf_counter()
-        elapsed = max(now - self._start.get(mode, now), 1e-9)
-        self._start[mode] = now
         hub = runner.message_hub
+        elapsed = time.time() - self.t
         hub.update_scalar(f"{mode}/time", elapsed)
+        self.t = time.time()
+        if mode == "train":
+            self.time_sec_tot += elapsed
+            average = self.time_sec_tot / (runner.iter - self.start_iter + 1)
+            hub.update_info("eta", average * (runner.max_iters - runner.iter - 1))
+        else:
+            loader = runner.val_dataloader if mode == "val" else runner.test_dataloader
+            self.time_sec_test_val += elapsed
+            average = self.time_sec_test_val / (batch_idx + 1)
+            try:
+                length = len(loader)
+            except TypeError:  # an iterable dataset has no length, and no ETA
+                length = None
+            if length is not None:
+                hub.update_info("eta", average * (length - batch_idx - 1))
         count, unit = batch_size(data_batch)
-        if count:
+        if count and elapsed > 0:
             replicas = runner.strategy.data_parallel_size  # tensor-parallel peers share batches
             hub.update_scalar(f"{mode}/{unit}_per_sec", count * replicas / elapsed)
 

@@ -1,9 +1,14 @@
-"""RuntimeInfoHook: keeps the message hub current (epoch, iteration, LR, logged values)."""
+"""RuntimeInfoHook: keeps the message hub current (loop stage, epoch, iteration, LR, logged
+values), under mmengine's keys."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import torch
+
+import shardwise
 from shardwise.registry import HOOKS
 
 from .hook import Hook
@@ -13,20 +18,53 @@ __all__ = ["RuntimeInfoHook"]
 
 @HOOKS.register_module()
 class RuntimeInfoHook(Hook):
-    """Records ``epoch``, ``iter``, ``max_epochs`` and ``max_iters`` as runtime information,
-    and the learning rates (``train/lr``), the training step's logged values
-    (``train/<name>``) and the validation and test metrics (``val/<name>``,
-    ``test/<name>``) as scalars."""
+    """Publishes, as mmengine's ``RuntimeInfoHook`` does:
+
+    - runtime information: ``cfg``, ``seed``, ``experiment_name`` (before the run);
+      ``loop_stage`` (``'train'``, ``'val'`` or ``'test'`` while that loop runs; back to
+      ``'train'`` after a validation inside training, removed after the loop); ``epoch``,
+      ``iter``, ``max_epochs``, ``max_iters`` and the training dataset's ``dataset_meta``
+      (its ``metainfo``, when it has one);
+    - scalars: the learning rates before each training iteration (``train/lr``, or
+      ``train/<name>.lr`` per optimizer of an ``OptimWrapperDict``), the training step's
+      logged values (``train/<name>``), and the validation and test metrics
+      (``val/<name>``, ``test/<name>``; a metric that is not one number goes into the
+      runtime information under the same key).
+    """
 
     priority = "VERY_HIGH"
 
+    def __init__(self) -> None:
+        self.last_loop_stage: str | None = None
+
     def before_run(self, runner) -> None:
         runner.message_hub.update_info_dict(
-            dict(max_epochs=runner.max_epochs, max_iters=runner.max_iters)
+            dict(
+                cfg=runner.cfg.pretty_text,
+                seed=runner.seed,
+                experiment_name=runner.experiment_name,
+                shardwise_version=shardwise.__version__,
+            )
         )
+        self.last_loop_stage = None
 
     def before_train(self, runner) -> None:
-        runner.message_hub.update_info_dict(dict(epoch=runner.epoch, iter=runner.iter))
+        hub = runner.message_hub
+        hub.update_info("loop_stage", "train")
+        hub.update_info_dict(
+            dict(
+                epoch=runner.epoch,
+                iter=runner.iter,
+                max_epochs=runner.max_epochs,
+                max_iters=runner.max_iters,
+            )
+        )
+        dataset = getattr(runner.train_dataloader, "dataset", None)
+        if hasattr(dataset, "metainfo"):
+            hub.update_info("dataset_meta", dataset.metainfo)
+
+    def after_train(self, runner) -> None:
+        runner.message_hub.pop_info("loop_stage")
 
     def before_train_epoch(self, runner) -> None:
         runner.message_hub.update_info("epoch", runner.epoch)
@@ -34,38 +72,63 @@ class RuntimeInfoHook(Hook):
     def before_train_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
         hub = runner.message_hub
         hub.update_info("iter", runner.iter)
-        for name, lrs in _learning_rates(runner).items():
+        lr_dict = runner.optim_wrapper.get_lr()
+        if not isinstance(lr_dict, dict):
+            raise AssertionError(
+                "`runner.optim_wrapper.get_lr()` should return a dict of learning rate when "
+                "training with OptimWrapper(single optimizer) or OptimWrapperDict(multiple "
+                f"optimizer), but got {type(lr_dict)}: check that the optimizer constructor "
+                "returns an OptimWrapper or an OptimWrapperDict"
+            )
+        for name, lrs in lr_dict.items():
             hub.update_scalar(f"train/{name}", lrs[0])
 
     def after_train_iter(
         self, runner, batch_idx: int, data_batch: Any = None, outputs: dict | None = None
     ) -> None:
-        if outputs:
-            runner.message_hub.update_scalars(outputs, prefix="train/")
+        if outputs is not None:
+            for key, value in outputs.items():
+                runner.message_hub.update_scalar(f"train/{key}", value)
 
-    def after_val_epoch(self, runner, metrics: dict[str, float] | None = None) -> None:
+    def before_val(self, runner) -> None:
+        self.last_loop_stage = runner.message_hub.get_info("loop_stage")
+        runner.message_hub.update_info("loop_stage", "val")
+
+    def after_val_epoch(self, runner, metrics: dict[str, Any] | None = None) -> None:
         _record_metrics(runner, metrics, "val")
 
-    def after_test_epoch(self, runner, metrics: dict[str, float] | None = None) -> None:
+    def after_val(self, runner) -> None:
+        if self.last_loop_stage == "train":
+            runner.message_hub.update_info("loop_stage", self.last_loop_stage)
+            self.last_loop_stage = None
+        else:
+            runner.message_hub.pop_info("loop_stage")
+
+    def before_test(self, runner) -> None:
+        runner.message_hub.update_info("loop_stage", "test")
+
+    def after_test(self, runner) -> None:
+        runner.message_hub.pop_info("loop_stage")
+
+    def after_test_epoch(self, runner, metrics: dict[str, Any] | None = None) -> None:
         _record_metrics(runner, metrics, "test")
 
 
 def _record_metrics(runner, metrics: dict[str, Any] | None, mode: str) -> None:
-    """The numeric metrics as ``{mode}/<name>`` scalars."""
-    if metrics:
-        runner.message_hub.update_scalars(
-            {k: v for k, v in metrics.items() if _is_number(v)}, prefix=f"{mode}/"
-        )
+    """One-number metrics as ``{mode}/<name>`` scalars, the others as runtime information."""
+    for key, value in (metrics or {}).items():
+        if _is_scalar(value):
+            runner.message_hub.update_scalar(f"{mode}/{key}", value)
+        else:
+            runner.message_hub.update_info(f"{mode}/{key}", value)
 
 
-def _learning_rates(runner) -> dict[str, list[float]]:
-    """``{'lr': [...]}`` for one optimizer; ``{'<name>.lr': [...]}`` for several."""
-    wrapper = runner.optim_wrapper
-    if wrapper is None or not hasattr(wrapper, "get_lr"):
-        return {}
-    lrs = wrapper.get_lr()
-    return {k: v for k, v in lrs.items() if k == "lr" or k.endswith(".lr")}
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _is_scalar(value: Any) -> bool:
+    """A number, a numpy scalar, or a one-element array or tensor (mmengine's rule)."""
+    if isinstance(value, np.ndarray):
+        return value.size == 1
+    if isinstance(value, int | float | np.number):
+        return True
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1
+    return False
