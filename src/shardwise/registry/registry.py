@@ -1,21 +1,4 @@
-"""Registries: configuration as data (``dict(type=...)``) resolved to objects, as in mmengine.
-
-Example::
-
-    >>> from shardwise.registry import OPTIMIZERS
-    >>> import torch
-    >>> opt = OPTIMIZERS.build(dict(type='SGD', lr=0.1),
-    ...                        default_args=dict(params=[torch.zeros(1, requires_grad=True)]))
-    >>> type(opt).__name__
-    'SGD'
-
-A ``type`` may be a class (or any callable), a name registered in the registry, a name with a
-scope prefix (``'mmdet.ResNet'``: looked up in the registry of that scope in the same tree), or
-a dotted import path such as ``'torch.optim.AdamW'``. Registries form trees: a child
-(``Registry('model', parent=MODELS, scope='myproj')``) finds its parent's names, and the
-:class:`DefaultScope` (or a config's ``_scope_`` key) picks the registry a build resolves names
-in.
-"""
+"""The :class:`Registry` class: a name → class table with ``build``, in a tree of scopes."""
 
 from __future__ import annotations
 
@@ -25,134 +8,16 @@ import inspect
 import itertools
 import logging
 import sys
-import threading
-import warnings
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-import torch
+from .default_scope import DefaultScope
 
-from shardwise.config import Config
-
-__all__ = [
-    "Registry",
-    "DefaultScope",
-    "init_default_scope",
-    "build_from_cfg",
-    "build_model_from_cfg",
-    "build_runner_from_cfg",
-    "build_scheduler_from_cfg",
-    "RUNNERS",
-    "MODELS",
-    "OPTIMIZERS",
-    "OPTIM_WRAPPERS",
-    "OPTIM_WRAPPER_CONSTRUCTORS",
-    "PARAM_SCHEDULERS",
-    "STRATEGIES",
-    "MODEL_WRAPPERS",
-    "FUNCTIONS",
-    "HOOKS",
-    "DATASETS",
-    "LOOPS",
-    "METRICS",
-]
+__all__ = ["Registry"]
 
 logger = logging.getLogger(__name__)
-
-CfgType = Mapping[str, Any] | Config
-
-
-class DefaultScope:
-    """The scope in which builds resolve unprefixed names, reachable from anywhere.
-
-    Instances are kept by name (``get_instance``); the latest created one is current. A
-    registry's ``build`` looks up names in the registry of the current scope, when its tree
-    has one. This is mmengine's ``DefaultScope`` (its ``ManagerMixin`` protocol included).
-
-    Example::
-
-        >>> DefaultScope.get_instance('task', scope_name='shardwise').scope_name
-        'shardwise'
-        >>> with DefaultScope.overwrite_default_scope('myproj'):
-        ...     DefaultScope.get_current_instance().scope_name
-        'myproj'
-    """
-
-    _instance_dict: OrderedDict[str, DefaultScope] = OrderedDict()
-    _lock = threading.RLock()
-    _overwrites = itertools.count()
-
-    def __init__(self, name: str, scope_name: str) -> None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a DefaultScope needs a non-empty str name, got {name!r}")
-        if not isinstance(scope_name, str):
-            raise TypeError(
-                f"scope_name should be a string, but got {scope_name!r}; give the scope of "
-                f"a registry, e.g. scope_name='shardwise'"
-            )
-        self._instance_name = name
-        self._scope_name = scope_name
-
-    @property
-    def instance_name(self) -> str:
-        return self._instance_name
-
-    @property
-    def scope_name(self) -> str:
-        return self._scope_name
-
-    @classmethod
-    def get_instance(cls, name: str, **kwargs: Any) -> DefaultScope:
-        """The instance called ``name``, created from ``kwargs`` (and made current) if new."""
-        with cls._lock:
-            if name not in cls._instance_dict:
-                cls._instance_dict[name] = cls(name=name, **kwargs)
-            elif kwargs:
-                warnings.warn(
-                    f"{cls.__name__} instance {name!r} exists already; get_instance ignores "
-                    f"{kwargs}",
-                    stacklevel=2,
-                )
-            return cls._instance_dict[name]
-
-    @classmethod
-    def get_current_instance(cls) -> DefaultScope | None:
-        """The latest created instance, or None if there is none."""
-        with cls._lock:
-            return next(reversed(cls._instance_dict.values()), None)
-
-    @classmethod
-    def check_instance_created(cls, name: str) -> bool:
-        return name in cls._instance_dict
-
-    @classmethod
-    @contextmanager
-    def overwrite_default_scope(cls, scope_name: str | None) -> Iterator[None]:
-        """Make ``scope_name`` the current scope inside the block (no change for None)."""
-        if scope_name is None:
-            yield
-            return
-        with cls._lock:
-            saved = cls._instance_dict.copy()
-            cls.get_instance(f"overwrite-{next(cls._overwrites)}", scope_name=scope_name)
-        try:
-            yield
-        finally:
-            with cls._lock:
-                cls._instance_dict = saved
-
-
-def init_default_scope(scope: str) -> None:
-    """Make ``scope`` the current default scope (an instance named ``scope`` if new)."""
-    current = DefaultScope.get_current_instance()
-    if current is None or not DefaultScope.check_instance_created(scope):
-        DefaultScope.get_instance(scope, scope_name=scope)
-    elif current.scope_name != scope:
-        logger.warning("the default scope %r is replaced by %r", current.scope_name, scope)
-        DefaultScope.get_instance(f"{scope}-{next(DefaultScope._overwrites)}", scope_name=scope)
 
 
 class Registry:
@@ -205,7 +70,10 @@ class Registry:
         self.parent = parent
         if parent is not None:
             parent._add_child(self)
-        parent_build = parent.build_func if parent is not None else build_from_cfg
+        if parent is not None:
+            parent_build = parent.build_func
+        else:  # imported here: build_functions imports this module (as in mmengine)
+            from .build_functions import build_from_cfg as parent_build
         self.build_func: Callable[..., Any] = build_func or parent_build
 
     @staticmethod
@@ -482,125 +350,3 @@ def _import_object(path: str) -> Any:
         obj = found
     is_named = inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj)
     return obj if is_named or isinstance(obj, partial) else None
-
-
-def _merged_args(
-    cfg: CfgType, registry: Registry, default_args: CfgType | None, needs_type: bool = True
-) -> dict[str, Any]:
-    """``cfg`` as a dict, with the keys of ``default_args`` it lacks; checks the arguments."""
-    if not isinstance(cfg, Mapping | Config):
-        raise TypeError(
-            f"cfg should be a dict, ConfigDict or Config, but got {type(cfg)}: {cfg!r}; give "
-            f"a config such as dict(type='ResNet', depth=50)"
-        )
-    if not isinstance(registry, Registry):
-        raise TypeError(
-            f"registry must be a mmengine.Registry object, but got {type(registry)}: "
-            f"{registry!r}; here that is shardwise.registry.Registry (shardwise's "
-            "mmengine-compatible Registry): pass one such as shardwise.registry.MODELS"
-        )
-    if not (default_args is None or isinstance(default_args, Mapping | Config)):
-        raise TypeError(
-            f"default_args should be a dict, ConfigDict, Config or None, but got "
-            f"{type(default_args)}: {default_args!r}"
-        )
-    args = dict(cfg.items())
-    for key, value in (default_args or {}).items():
-        args.setdefault(key, value)
-    if needs_type and "type" not in args:
-        raise KeyError(
-            f'`cfg` or `default_args` must contain the key "type", but got keys {list(cfg)} '
-            f"and {list(default_args or {})}; add type= naming a class of the {registry.name} "
-            f"registry"
-        )
-    return args
-
-
-def build_from_cfg(cfg: CfgType, registry: Registry, default_args: CfgType | None = None) -> Any:
-    """Build ``cfg['type']`` from ``registry`` with the rest of ``cfg`` as keyword arguments.
-
-    ``default_args`` fill in keywords that ``cfg`` does not set. A ``_scope_`` key builds in the
-    registry of that scope. A class that keeps named global instances (mmengine's
-    ``ManagerMixin``: ``get_instance``) is built with ``get_instance``, so that it can be found
-    by name later.
-
-    Example::
-
-        >>> BACKBONES = Registry('backbone')
-        >>> @BACKBONES.register_module()
-        ... class ResNet:
-        ...     def __init__(self, depth, stages=4):
-        ...         self.depth, self.stages = depth, stages
-        >>> build_from_cfg(dict(type='ResNet', depth=50), BACKBONES).depth
-        50
-    """
-    args = _merged_args(cfg, registry, default_args)
-    with registry.switch_scope_and_registry(args.pop("_scope_", None)) as scoped:
-        obj_cls = scoped.resolve(args.pop("type"))
-        try:
-            if inspect.isclass(obj_cls) and _keeps_global_instances(obj_cls):
-                return obj_cls.get_instance(**args)
-            return obj_cls(**args)
-        except TypeError as exc:
-            name = getattr(obj_cls, "__name__", repr(obj_cls))
-            raise TypeError(f"building {name} from the {scoped.name} registry: {exc}") from exc
-
-
-def _keeps_global_instances(cls: type) -> bool:
-    return isinstance(getattr(cls, "_instance_dict", None), dict) and callable(
-        getattr(cls, "get_instance", None)
-    )
-
-
-def build_model_from_cfg(
-    cfg: CfgType | Sequence[CfgType],
-    registry: Registry,
-    default_args: CfgType | None = None,
-) -> torch.nn.Module:
-    """:func:`build_from_cfg`, but a list of configs builds an ``nn.Sequential`` of them."""
-    if isinstance(cfg, list):
-        return torch.nn.Sequential(*(build_from_cfg(c, registry, default_args) for c in cfg))
-    return build_from_cfg(cfg, registry, default_args)
-
-
-def build_runner_from_cfg(cfg: CfgType, registry: Registry) -> Any:
-    """Build a runner with ``from_cfg``: the class is ``cfg['runner_type']`` (default
-    ``'Runner'``), looked up in ``registry``; ``cfg`` (``runner_type`` included) is its
-    argument."""
-    args = _merged_args(cfg, registry, None, needs_type=False)
-    with registry.switch_scope_and_registry(args.pop("_scope_", None)) as scoped:
-        runner_cls = scoped.resolve(args.get("runner_type", "Runner"))
-        return runner_cls.from_cfg(args)
-
-
-def build_scheduler_from_cfg(
-    cfg: CfgType, registry: Registry, default_args: CfgType | None = None
-) -> Any:
-    """Build a parameter scheduler: :func:`build_from_cfg` that also honours
-    ``convert_to_iter_based=True`` (an epoch-based config turned iteration-based, with
-    ``epoch_length`` from ``cfg`` or ``default_args``).
-
-    The work is :func:`shardwise.optim.scheduler.build_param_scheduler`'s, imported from the
-    registry's location.
-    """
-    from shardwise.optim.scheduler.builder import build_param_scheduler
-
-    return build_param_scheduler(_merged_args(cfg, registry, default_args), registry=registry)
-
-
-RUNNERS = Registry("runner", build_func=build_runner_from_cfg, locations=["shardwise.runner"])
-MODELS = Registry("model", build_func=build_model_from_cfg)
-OPTIMIZERS = Registry("optimizer", locations=["shardwise.optim"])  # with torch.optim's
-OPTIM_WRAPPERS = Registry("optim_wrapper", locations=["shardwise.optim"])
-OPTIM_WRAPPER_CONSTRUCTORS = Registry("optim_wrapper_constructor", locations=["shardwise.optim"])
-PARAM_SCHEDULERS = Registry(
-    "param_scheduler", build_func=build_scheduler_from_cfg, locations=["shardwise.optim"]
-)
-STRATEGIES = Registry("strategy", locations=["shardwise.strategies"])
-MODEL_WRAPPERS = Registry("model_wrapper", locations=["shardwise.strategies"])
-FUNCTIONS = Registry("function")
-HOOKS = Registry("hook", locations=["shardwise.runner"])
-DATASETS = Registry("dataset")
-LOOPS = Registry("loop", locations=["shardwise.runner"])
-METRICS = Registry("metric", locations=["shardwise.runner"])
-

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
-from shardwise.registry import PARAM_SCHEDULERS, Registry, build_from_cfg
+from shardwise.registry import PARAM_SCHEDULERS, Registry, build_scheduler_from_cfg
 
 from .param_scheduler import OptimizerType, _ParamScheduler
 
@@ -60,7 +60,8 @@ def build_param_scheduler(
     ``build_iter_from_epoch``; it needs ``epoch_length``, the number of iterations per epoch
     (a config's own ``epoch_length`` wins over the argument). ``optimizer`` may be a torch
     optimizer or an optimizer wrapper (with ``.optimizer``); a config's own ``optimizer`` wins.
-    This is also how ``PARAM_SCHEDULERS.build`` builds (its ``build_func``).
+    Each config is built by ``PARAM_SCHEDULERS``' build function
+    (:func:`shardwise.registry.build_scheduler_from_cfg`).
     """
     if isinstance(cfg, _ParamScheduler):
         return cfg
@@ -74,17 +75,6 @@ def build_param_scheduler(
     args = dict(cfg)
     if optimizer is not None:
         args.setdefault("optimizer", optimizer)
-    epoch_length = args.pop("epoch_length", epoch_length)
-    if not args.pop("convert_to_iter_based", False):
-        return build_from_cfg(args, registry)
-    if "type" not in args:
-        raise KeyError(f"a param_scheduler config needs a 'type' key, got keys {sorted(args)}")
-    with registry.switch_scope_and_registry(args.pop("_scope_", None)) as scoped:
-        cls = scoped.resolve(args.pop("type"))
-        if not hasattr(cls, "build_iter_from_epoch"):
-            raise TypeError(
-                f"{getattr(cls, '__name__', cls)!r} has no build_iter_from_epoch(), so "
-                f"convert_to_iter_based=True cannot convert it; give it by_epoch=False with "
-                f"iteration counts instead"
-            )
-        return cls.build_iter_from_epoch(epoch_length=epoch_length, **args)
+    if epoch_length is not None:
+        args.setdefault("epoch_length", epoch_length)
+    return build_scheduler_from_cfg(args, registry)

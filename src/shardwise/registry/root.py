@@ -1,0 +1,49 @@
+"""shardwise's root registries. New registries go here (one line each, with the build function
+and the ``locations`` that register into them), and their names into ``__all__`` here and in
+``shardwise/registry/__init__.py``.
+
+``locations`` are modules imported by name the first time a registry is looked up (so that
+``OPTIMIZERS.get('AdamW')`` works without importing ``shardwise.optim`` first); they are not
+imports of this module, which imports nothing above the registry package.
+"""
+
+from __future__ import annotations
+
+from .build_functions import build_model_from_cfg, build_runner_from_cfg, build_scheduler_from_cfg
+from .registry import Registry
+
+__all__ = [
+    "RUNNERS",
+    "MODELS",
+    "OPTIMIZERS",
+    "OPTIM_WRAPPERS",
+    "OPTIM_WRAPPER_CONSTRUCTORS",
+    "PARAM_SCHEDULERS",
+    "STRATEGIES",
+    "MODEL_WRAPPERS",
+    "FUNCTIONS",
+    "HOOKS",
+    "DATASETS",
+    "LOOPS",
+    "METRICS",
+    "VISBACKENDS",
+    "VISUALIZERS",
+]
+
+RUNNERS = Registry("runner", build_func=build_runner_from_cfg, locations=["shardwise.runner"])
+MODELS = Registry("model", build_func=build_model_from_cfg)
+OPTIMIZERS = Registry("optimizer", locations=["shardwise.optim"])  # with torch.optim's
+OPTIM_WRAPPERS = Registry("optim_wrapper", locations=["shardwise.optim"])
+OPTIM_WRAPPER_CONSTRUCTORS = Registry("optim_wrapper_constructor", locations=["shardwise.optim"])
+PARAM_SCHEDULERS = Registry(
+    "param_scheduler", build_func=build_scheduler_from_cfg, locations=["shardwise.optim"]
+)
+STRATEGIES = Registry("strategy", locations=["shardwise.strategies"])
+MODEL_WRAPPERS = Registry("model_wrapper", locations=["shardwise.strategies"])
+FUNCTIONS = Registry("function")
+HOOKS = Registry("hook", locations=["shardwise.runner"])
+DATASETS = Registry("dataset")
+LOOPS = Registry("loop", locations=["shardwise.runner"])
+METRICS = Registry("metric", locations=["shardwise.runner"])
+VISBACKENDS = Registry("vis_backend", locations=["shardwise.visualization"])
+VISUALIZERS = Registry("visualizer", locations=["shardwise.visualization"])
