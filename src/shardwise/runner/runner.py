@@ -173,7 +173,7 @@ class Runner:
         self.train_dataloader: Any = None
         self.val_dataloader: Any = None
         self.test_dataloader: Any = None
-        self.train_loop: EpochBasedTrainLoop | IterBasedTrainLoop | None = None
+        self._train_loop: EpochBasedTrainLoop | IterBasedTrainLoop | None = None
         self.val_loop: ValLoop | None = None
         self.test_loop: TestLoop | None = None
         self._hooks: list[Hook] = []
@@ -413,6 +413,23 @@ class Runner:
         return getattr(self.val_loop, "evaluator", None)
 
     @property
+    def train_loop(self) -> EpochBasedTrainLoop | IterBasedTrainLoop | None:
+        """The training loop: built (with its dataloader) on first use when the runner has a
+        training config, as mmengine's ``Runner.train_loop`` is; None without one. Building
+        it starts no collective, so any rank may be the first to ask."""
+        if self._train_loop is None and self._train_cfg is not None:
+            if self.train_dataloader is None:
+                self.train_dataloader = self._build_dataloader(
+                    self._train_dataloader_cfg, shuffle=True
+                )
+            self._train_loop = self.build_train_loop()
+        return self._train_loop
+
+    @train_loop.setter
+    def train_loop(self, loop: EpochBasedTrainLoop | IterBasedTrainLoop | None) -> None:
+        self._train_loop = loop
+
+    @property
     def test_evaluator(self) -> Any:
         """The test loop's evaluator (None before the loop is built)."""
         return getattr(self.test_loop, "evaluator", None)
@@ -430,8 +447,12 @@ class Runner:
         )
 
     def _data_seed(self) -> int:
-        """One seed for every rank's sampler (rank 0's, also with ``diff_rank_seed``)."""
-        return int(dist.broadcast_object(self.seed))
+        """One seed for every rank's sampler: rank 0's, also with ``diff_rank_seed`` (which
+        adds the rank to rank 0's seed; computed here, without a collective)."""
+        seed = self.seed
+        if self.strategy.randomness.get("diff_rank_seed"):
+            seed -= self.rank
+        return int(seed)
 
     def build_train_loop(self) -> EpochBasedTrainLoop | IterBasedTrainLoop:
         """The training loop from ``train_cfg`` (``type``, or ``by_epoch`` to choose)."""
@@ -499,13 +520,12 @@ class Runner:
                 "Runner.train() needs train_dataloader, train_cfg and optim_wrapper; this runner "
                 "was built without them"
             )
-        self.train_dataloader = self._build_dataloader(self._train_dataloader_cfg, shuffle=True)
-        self.train_loop = self.build_train_loop()
+        loop = self.train_loop  # built here unless a hook or the user has asked for it before
         self._build_val()
         dispatch = dict(
-            max_iters=self.train_loop.max_iters,
-            max_epochs=self.train_loop.max_epochs,
-            epoch_length=self.train_loop.epoch_length,
+            max_iters=loop.max_iters,
+            max_epochs=loop.max_epochs,
+            epoch_length=loop.epoch_length,
         )
         if getattr(self.train_dataloader, "batch_size", None) is not None:
             dispatch["train_micro_batch_size_per_gpu"] = self.train_dataloader.batch_size
@@ -626,7 +646,7 @@ class Runner:
         resume_from, weights_from = where_to_start(
             self.work_dir, load_from=self._load_from, resume=self._resume
         )
-        if resume_from is not None and self.train_loop is not None:
+        if resume_from is not None and self.optim_wrapper is not None:  # in train()
             checkpoint = self.resume(resume_from)
         elif resume_from is not None or weights_from is not None:
             checkpoint = self.load_checkpoint(resume_from or weights_from)
@@ -645,8 +665,8 @@ class Runner:
         message hub from a checkpoint."""
         checkpoint = self.strategy.resume(filename, callback=self._after_load_callback())
         meta = checkpoint.get("meta", {})
-        if self.train_loop is not None:
-            self.train_loop.restore(
+        if self._train_loop is not None:
+            self._train_loop.restore(
                 meta.get("epoch", 0), meta.get("iter", 0), meta.get("epoch_length")
             )
             set_sampler_seed(self.train_dataloader, self._data_seed())
@@ -696,7 +716,7 @@ class Runner:
         else:
             position = dict(epoch=self.epoch, iter=self.iter + 1)
         full_meta = {**position, **dict(meta or {})}
-        if self.train_loop is not None:
+        if self._train_loop is not None:
             full_meta["epoch_length"] = self.train_loop.epoch_length
         full_meta.update(cfg=self.cfg.pretty_text, experiment_name=self.experiment_name)
         return self.strategy.save_checkpoint(
