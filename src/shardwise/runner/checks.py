@@ -4,8 +4,9 @@ names the key, the value and what fits, and exits 2 before any worker starts.
 
 :func:`check_config` runs them all: the components the runner needs together, every registry
 ``type`` (model, strategy, datasets, metrics, hooks, optimizer wrapper and constructor,
-optimizer, schedulers), the strategy's own arguments (:meth:`BaseStrategy.check_config`,
-parallel degrees against the world size), and the optimizer and schedulers built once against
+optimizer, schedulers, the visualizer's ``vis_backends`` and their tracker packages), the
+strategy's own arguments (:meth:`BaseStrategy.check_config`, parallel degrees against the
+world size), and the optimizer and schedulers built once against
 a stand-in parameter (so that their own checks of numbers and windows run).
 """
 
@@ -39,6 +40,7 @@ from shardwise.registry import (
     PARAM_SCHEDULERS,
     STRATEGIES,
 )
+from shardwise.visualization import check_vis_backends
 
 from .data import check_dataloader_cfg
 from .hooks.defaults import merge_default_hooks, with_preemption
@@ -97,6 +99,7 @@ def check_config(
         resume=cfg.get("resume", False),
     )
     check_types(cfg)
+    check_vis_backends(cfg.get("visualizer"))
     world = world_size or int(os.environ.get("WORLD_SIZE", "1") or 1)
     local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world
     _check_strategy(cfg.get("strategy"), world, local)

@@ -45,10 +45,11 @@ import shardwise
 from shardwise import dist
 from shardwise.config import Config
 from shardwise.optim import OptimWrapperDict
-from shardwise.registry import HOOKS, LOOPS, RUNNERS, STRATEGIES
+from shardwise.registry import HOOKS, LOOPS, RUNNERS, STRATEGIES, VISUALIZERS
 from shardwise.strategies import BaseStrategy
 from shardwise.strategies.base import unwrap_model
 from shardwise.strategies.checkpointer import where_to_start
+from shardwise.visualization import Visualizer
 
 from .checks import check_components, check_config
 from .data import build_dataloader, set_sampler_seed
@@ -93,6 +94,10 @@ class Runner:
             the strategy (``env_kwargs``, ``log_kwargs``...).
         compile: ``torch.compile`` the model (``True`` or a dict of options).
         cfg: the whole config, recorded in checkpoints and dumped into ``work_dir``.
+        visualizer: a :class:`~shardwise.visualization.Visualizer` or its config
+            (mmengine's ``dict(type='Visualizer', vis_backends=[...])``): the trackers that
+            receive the config and the logged scalars, under ``<log_dir>/vis_data``. Default:
+            none (the JSON-lines log and TensorBoard of ``LoggerHook`` only).
     """
 
     def __init__(
@@ -123,6 +128,7 @@ class Runner:
         auto_scale_lr: Mapping[str, Any] | None = None,
         compile: bool | Mapping[str, Any] = False,
         cfg: Config | Mapping[str, Any] | None = None,
+        visualizer: Visualizer | Mapping[str, Any] | None = None,
     ) -> None:
         check_components(
             model=model,
@@ -167,6 +173,7 @@ class Runner:
         )
         self.logger = self.strategy.logger
         self.message_hub = MessageHub()
+        self.visualizer = self.build_visualizer(visualizer)
         self.model: nn.Module | None = None
         self.optim_wrapper: Any = None
         self.param_schedulers: Any = None
@@ -191,6 +198,8 @@ class Runner:
             self.work_dir,
         )
         self._dump_config()
+        if len(self.cfg):
+            self.visualizer.add_config(self.cfg)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -229,6 +238,7 @@ class Runner:
             auto_scale_lr=cfg.get("auto_scale_lr"),
             compile=cfg.get("compile", False),
             cfg=cfg,
+            visualizer=cfg.get("visualizer"),
         )
 
     @staticmethod
@@ -291,6 +301,35 @@ class Runner:
             built.logger.warning(note)
         return built
 
+    def build_visualizer(self, visualizer: Visualizer | Mapping[str, Any] | None) -> Visualizer:
+        """The visualizer object, or one built from its config with ``name`` (the experiment
+        name) and ``save_dir`` (the log directory) as defaults; None: one without trackers.
+        A ``type`` shardwise does not have (a task library's ``DetLocalVisualizer``...) is
+        warned about and its ``vis_backends`` go to shardwise's ``Visualizer``."""
+        if isinstance(visualizer, Visualizer):
+            return visualizer
+        if visualizer is None:
+            return Visualizer(name=self.experiment_name)
+        if not isinstance(visualizer, Mapping):
+            raise TypeError(
+                f"visualizer must be a Visualizer or a config such as dict(type='Visualizer', "
+                f"vis_backends=[dict(type='LocalVisBackend')]), got {visualizer!r}"
+            )
+        cfg = dict(visualizer)
+        cfg.setdefault("name", self.experiment_name)
+        cfg.setdefault("save_dir", self.log_dir)
+        kind = cfg.pop("type", "Visualizer")
+        cls = VISUALIZERS.get(kind)
+        if cls is None:
+            self.logger.warning(
+                "visualizer.type=%r is not in shardwise's VISUALIZERS (%s): its vis_backends "
+                "go to shardwise's Visualizer, which records scalars and the config (no drawing)",
+                kind,
+                ", ".join(sorted(VISUALIZERS.module_dict)),
+            )
+            cls = Visualizer
+        return cls(**cfg)
+
     def _dump_config(self) -> None:
         if self.rank != 0 or not len(self.cfg):
             return
@@ -340,8 +379,9 @@ class Runner:
             self.register_hook(hook)
 
     def _close_hooks(self) -> None:
-        """After a failure: let hooks release what they hold (files, progress bars)."""
-        for hook in self._hooks:
+        """After a failure: let hooks release what they hold (files, progress bars), and end
+        the trackers' runs."""
+        for hook in [*self._hooks, self.visualizer]:
             close = getattr(hook, "close", None)
             if callable(close):
                 try:
@@ -594,6 +634,7 @@ class Runner:
             self._close_hooks()
             raise
         self.call_hook("after_run")
+        self.visualizer.close()
         return result
 
     def _initialize_accumulation(self) -> None:

@@ -11,7 +11,9 @@ What rank 0 writes:
   ``{"mode": "train", "iter": 40, "epoch": 0, "lr": 0.001, "loss": 2.4431, ...}``, and
   ``{"mode": "val", "iter": 40, "epoch": 0, "accuracy": 0.97}`` after each validation
   (``"mode": "test"`` after a test);
-- TensorBoard scalars in ``log_dir/tensorboard`` when ``tensorboard`` is importable.
+- TensorBoard scalars in ``log_dir/tensorboard`` when ``tensorboard`` is importable;
+- each record's numbers, at its ``iter``, to the runner's visualizer's trackers
+  (``visualizer=dict(vis_backends=[...])``; see :func:`shardwise.visualization.tracked_scalars`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from shardwise.registry import HOOKS
+from shardwise.visualization import tracked_scalars
 
 from .hook import Hook
 
@@ -77,6 +80,8 @@ class LoggerHook(Hook):
         self.json_path: Path | None = None
         self._json = None
         self._writer = None
+        self._visualizer = None
+        self._hierarchy = False
         self._bar = None
         self._redirect = contextlib.ExitStack()
 
@@ -88,6 +93,9 @@ class LoggerHook(Hook):
         self._json = open(self.json_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in after_run
         if self.tensorboard is not False:
             self._writer = _summary_writer(Path(runner.log_dir) / "tensorboard", self.tensorboard)
+        self._visualizer = getattr(runner, "visualizer", None)
+        processor = getattr(runner, "log_processor", None)
+        self._hierarchy = bool(getattr(processor, "log_with_hierarchy", False))
 
     def before_train(self, runner) -> None:
         if runner.rank == 0 and self.progress_bar:
@@ -222,6 +230,9 @@ class LoggerHook(Hook):
             for key, value in record.items():
                 if key not in ("mode", "iter", "epoch") and isinstance(value, int | float):
                     self._writer.add_scalar(prefix + key, value, step)
+        if self._visualizer is not None:  # the trackers get what the JSON line has
+            scalars = tracked_scalars(record, prefix if self._hierarchy else "")
+            self._visualizer.add_scalars(scalars, step=step)
 
 
 def _bar_layout() -> dict[str, Any]:
