@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 NPROC  ?= 2
 
-.PHONY: install test-install train test test-slow lint bench clean
+.PHONY: install test-install train test test-slow lint bench gpu-check clean
 
 # The install step pins torch first: an unpinned `torch` would pull the CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -43,6 +43,15 @@ test-slow: test-install
 bench: install
 	$(PIP) install --quiet -e '.[bench]' $(TORCH)
 	$(PY) bench/run_all.py --quick
+
+# The CUDA path on one GPU (issue 31): `pytest -m gpu` and bench/gpu.py, into one results file
+# (bench/gpu_check.py says how to run it on the device machine and render it into RESULTS.md).
+# Installs nothing: the venv's python when there is one, else the machine's python3 (with its
+# CUDA torch), shardwise from src/. SHARDWISE_GPU_CHECK_ON_CPU=1: the CPU dry run (CI runs it).
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_CHECK_OUT ?=
+gpu-check:
+	$(GPU_PYTHON) bench/gpu_check.py $(if $(GPU_CHECK_OUT),--out $(GPU_CHECK_OUT))
 
 clean:
 	rm -rf $(VENV) work_dirs .pytest_cache .ruff_cache
