@@ -36,7 +36,11 @@ SECTIONS: dict[str, tuple[int, int]] = {
     "meta_init": (15, 900),
     "planning": (30, 600),
     "gpu": (5, 1800),
+    "cli_startup": (0, 900),
 }
+#: Sections `--quick` leaves out unless named with --only: bench/cli_startup.py spawns ~50
+#: fresh interpreters that import torch (about a minute on 2 cores), too much of the budget.
+FULL_ONLY = ("cli_startup",)
 #: `make bench` must finish within 10 minutes on the 2-core machine. A section may run until
 #: the budget's end less the time reserved for the sections after it (so a section's leftover
 #: goes to the later ones), and skips, saying so, what does not fit: that happens when other
@@ -1156,6 +1160,61 @@ def _bytes(x: float) -> str:
     return f"{x:.0f} B"
 
 
+def write_cli_startup(rep: Report, res: dict[str, Any]) -> None:
+    rep.add("## 9. Start-up of the shardwise command (bench/cli_startup.py)", "")
+    if rep.section_failed("cli_startup", res):
+        return
+    rep.add(
+        f"Each command is a fresh process, timed from spawn to exit, best of "
+        f"{res['runs_per_command']} runs (contenders interleaved, ABBA), next to "
+        "`python -c 'import torch'` in the same run; the checkpoints are a small full `.pth` "
+        "(with its manifest) and the same converted to sharded. *Imports* come from "
+        "`python -X importtime` of the same command: whether it imported torch, and which of "
+        "transformers, mmengine, Ray, TensorBoard, the runner and the strategies (none needed).",
+        "",
+    )
+    rows = []
+    for row in res["rows"]:
+        target = row.get("target_s")
+        rows.append(
+            [
+                f"`{row['command']}`",
+                _s(row["best_s"]),
+                _s(row["median_s"]),
+                _r(row["vs_import_torch"]),
+                "yes" if row["imports_torch"] else "no",
+                ", ".join(row["heavy_imports"]) or "none",
+                str(row["modules"]),
+                "–" if target is None else f"{_s(target)}: {_met(row['best_s'], target)}",
+            ]
+        )
+        if target is not None and row["best_s"] > target:
+            why = (
+                "it reads a checkpoint with torch, and `import torch` alone takes "
+                if row["imports_torch"]
+                else "without torch; "
+            )
+            torch_s = next(r["best_s"] for r in res["rows"] if "import torch" in r["command"])
+            rep.misses.append(
+                f"`{row['command']}` starts in {_s(row['best_s'])} (target {_s(target)}): "
+                + why
+                + f"{_s(torch_s)} on this machine in the same run"
+            )
+    rep.table(
+        [
+            "command",
+            "best",
+            "median",
+            "× import torch",
+            "imports torch",
+            "heavy imports",
+            "modules",
+            "target",
+        ],
+        rows,
+    )
+
+
 def write_planning(rep: Report, res: dict[str, Any]) -> None:
     rep.add("## 8. Planning cost against ranks, and past this machine (bench/planning.py)", "")
     if rep.section_failed("planning", res):
@@ -1485,6 +1544,7 @@ def render(results: dict[str, Any], quick: bool, wall: float) -> str:
         ("gpu", write_gpu),
         ("kill_campaign", write_kill_campaign),
         ("planning", write_planning),
+        ("cli_startup", write_cli_startup),
     ]
     for name, writer in writers:
         if name in sections:
@@ -1526,6 +1586,8 @@ def main() -> None:
         return
     quick = not args.full
     names = args.only.split(",") if args.only else list(SECTIONS)
+    if quick and not args.only:
+        names = [name for name in names if name not in FULL_ONLY]
     start = time.perf_counter()
     results: dict[str, Any] = {"mode": "quick" if quick else "full", "machine": machine_info()}
     results["sections"] = {}

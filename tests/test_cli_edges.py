@@ -76,3 +76,61 @@ def test_the_console_script_reports_an_unknown_flag_with_exit_code_2():
     assert proc.returncode == 2
     assert "usage: shardwise ckpt inspect" in proc.stderr and "--json" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------- start-up
+def _modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter has imported after running ``code``."""
+    proc = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return set(proc.stdout.split())
+
+
+HEAVY = ("torch", "transformers", "mmengine", "ray", "tensorboard", "shardwise.runner.runner")
+
+
+def test_building_the_command_line_imports_no_torch_runner_or_strategies():
+    modules = _modules_after("import shardwise.cli; shardwise.cli.build_parser()")
+    assert not [m for m in modules if m.split(".")[0] in HEAVY or m in HEAVY]
+    assert not [m for m in modules if m.startswith(("shardwise.strategies", "shardwise.runner"))]
+
+
+def test_shardwise_help_imports_no_torch():
+    code = (
+        "import contextlib, io\n"
+        "from shardwise.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        main(['ckpt', 'verify', '--help'])\n"
+        "    except SystemExit:\n"
+        "        pass"
+    )
+    assert "torch" not in _modules_after(code)
+
+
+def test_the_lazy_package_names_import_as_before():
+    import shardwise
+    import shardwise.checkpoint as checkpoint
+    from shardwise import build_strategy
+    from shardwise.checkpoint import CheckpointCommit, clean_leftovers, write_last_checkpoint
+    from shardwise.checkpoint.commit import CheckpointCommit as FromCommit
+
+    assert CheckpointCommit is FromCommit and callable(clean_leftovers)
+    assert callable(write_last_checkpoint) and callable(build_strategy)
+    assert set(checkpoint.__all__) <= set(dir(checkpoint))
+    assert all(getattr(checkpoint, name) is not None for name in checkpoint.__all__)
+    assert all(getattr(shardwise, name) is not None for name in shardwise.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        checkpoint.nope  # noqa: B018
+
+
+def test_ckpt_convert_offers_every_target_convert_writes():
+    from shardwise.checkpoint.commands import _TARGETS
+    from shardwise.checkpoint.convert import TARGETS
+
+    assert _TARGETS == tuple(TARGETS)

@@ -1,19 +1,167 @@
-"""The ``shardwise`` command."""
+"""The ``shardwise`` command.
+
+Building the parser imports nothing heavy (no torch): every subcommand's arguments are
+declared here (``ckpt``'s in :mod:`shardwise.checkpoint.commands`, whose module level is as
+light), and the module that does a subcommand's work is imported only when it runs. So
+``shardwise --help`` and a mistyped flag answer at once, and ``shardwise ckpt inspect``
+imports what reading a checkpoint needs, not the runner or the strategies.
+"""
 
 from __future__ import annotations
 
 import argparse
 import atexit
 import difflib
+import importlib
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from shardwise.checkpoint.commands import add_ckpt_parser
-from shardwise.runner import commands
-from shardwise.runner.commands import add_plot_parser, add_train_parser
+from shardwise.config import DictAction
+
+_LAUNCHERS = ("none", "pytorch", "slurm", "mpi")
+
+_TRAIN_DESCRIPTION = """\
+Train from a config. ``shardwise train CONFIG`` trains in this process when it runs alone
+or under a launcher that already started the processes (torchrun, SLURM's srun with one task
+per rank, mpirun, an initialised process group: read from the environment). It starts the
+processes itself through ``torch.distributed.run`` with ``--nproc-per-node N`` (N > 1) or
+``--nnodes`` > 1, under ``srun`` with one task per node and ``--nproc-per-node N``, and in a
+Kubeflow pod (its ``PET_*`` variables).
+"""
+
+_TRAIN_EXAMPLES = """
+
+    shardwise train examples/digits_ddp.py                        # one process
+    shardwise train examples/gpt_fsdp.py --nproc-per-node 2       # two local processes
+    shardwise train cfg.py --nproc-per-node 8 --max-restarts 3    # restart and auto-resume
+    torchrun --nproc-per-node 8 -m shardwise.cli train cfg.py     # an existing launcher
+    srun --ntasks-per-node=1 shardwise train cfg.py --nproc-per-node 8  # torchrun per node
+    srun --ntasks-per-node=8 shardwise train cfg.py               # one srun task per rank
+    shardwise train cfg.py --nproc-per-node 8 --resume --requeue  # preempted: requeue (SLURM)
+    shardwise train cfg.py --resume                               # the latest checkpoint
+    shardwise train cfg.py --cfg-options train_cfg.max_iters=100 optim_wrapper.optimizer.lr=0.1
+    shardwise plot work_dirs/cfg                                  # curves into a PNG
+"""
+
+
+def _later(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """A subcommand's function, imported from ``module`` when the subcommand runs."""
+
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(module), name)(args)
+
+    return run
+
+
+class _Overrides(DictAction):
+    """``--cfg-options``: parsed into a dict, and kept as typed for the worker processes."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        try:
+            super().__call__(parser, namespace, values, option_string)
+        except ValueError as exc:  # argparse's usage error and exit code 2, not a traceback
+            raise argparse.ArgumentError(self, str(exc)) from None
+        raw = list(getattr(namespace, "cfg_options_raw", None) or [])
+        raw += [values] if isinstance(values, str) else list(values)
+        namespace.cfg_options_raw = raw
+
+
+def _add_train_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``shardwise train``."""
+    parser = sub.add_parser(
+        "train",
+        help="train from a config, in this process or on several (torchrun)",
+        description=_TRAIN_DESCRIPTION,
+        epilog="examples:" + _TRAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("config", help="the config file (.py, .json or .yaml)")
+    parser.add_argument(
+        "--work-dir", help="where checkpoints and logs go (default: work_dirs/<config name>)"
+    )
+    parser.add_argument(
+        "--resume",
+        nargs="?",
+        const="auto",
+        metavar="CKPT",
+        help="resume training: from CKPT, or without a value from the latest checkpoint "
+        "committed in the work dir",
+    )
+    parser.add_argument("--load-from", metavar="CKPT", help="start from these weights")
+    parser.add_argument(
+        "--cfg-options",
+        nargs="+",
+        action=_Overrides,
+        metavar="KEY=VALUE",
+        help="override config values, e.g. train_cfg.max_iters=100 model.depth=4",
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=_LAUNCHERS,
+        help="how the processes were started (default: read from the environment)",
+    )
+    launch = parser.add_argument_group(
+        "launching processes (torch.distributed.run)",
+        "used when no launcher started this process and --nproc-per-node > 1 or --nnodes > 1, "
+        "under srun with one task per node, and in a Kubeflow pod (PET_* variables)",
+    )
+    launch.add_argument(
+        "--nproc-per-node", type=int, help="processes per node (default 1, or the launcher's)"
+    )
+    launch.add_argument("--nnodes", help="number of nodes, or MIN:MAX (elastic)")
+    launch.add_argument("--node-rank", type=int, help="this node's rank (static rendezvous)")
+    launch.add_argument("--rdzv-backend", help="rendezvous backend (e.g. c10d)")
+    launch.add_argument("--rdzv-endpoint", help="rendezvous HOST:PORT, the same on every node")
+    launch.add_argument("--rdzv-id", help="a job id, the same on every node")
+    launch.add_argument("--master-addr", help="rank 0's host (static rendezvous)")
+    launch.add_argument("--master-port", type=int, help="rank 0's port (static rendezvous)")
+    launch.add_argument(
+        "--max-restarts",
+        type=int,
+        help="restart the workers this many times after a failure (default 0); they resume "
+        "from the last checkpoint committed since the launch",
+    )
+    parser.add_argument(
+        "--auto-resume",
+        action="store_true",
+        help="on an elastic restart (TORCHELASTIC_RESTART_COUNT > 0), resume from the latest "
+        "checkpoint committed since the launch (added for the workers when --max-restarts > 0)",
+    )
+    preempt = parser.add_argument_group(
+        "preemption",
+        "a preemption signal to any rank ends the run with a checkpoint of that iteration and "
+        "exit code 143 (the config's preemption=dict(...))",
+    )
+    preempt.add_argument(
+        "--requeue",
+        action="store_true",
+        help="after a preemption checkpoint, requeue the SLURM job (scontrol requeue): "
+        "preemption.requeue=True",
+    )
+    preempt.add_argument(
+        "--preempt-signals",
+        metavar="SIG[,SIG...]",
+        help="the signals that mean preemption, e.g. SIGTERM,SIGUSR1: preemption.signals",
+    )
+    parser.set_defaults(func=_later("shardwise.runner.commands", "train"))
+
+
+def _add_plot_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``shardwise plot``."""
+    parser = sub.add_parser(
+        "plot",
+        help="draw loss, lr and validation curves of a run into a PNG",
+        description="Draw the loss, learning-rate and validation-metric curves logged in "
+        "WORK_DIR/<timestamp>/metrics.jsonl into a PNG (needs matplotlib: "
+        "pip install 'shardwise[plot]').",
+    )
+    parser.add_argument("work_dir", help="a work dir, one run's log dir, or a metrics.jsonl")
+    parser.add_argument("--out", help="the PNG to write (default: WORK_DIR/metrics.png)")
+    parser.set_defaults(func=_later("shardwise.runner.commands", "_plot"))
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -61,8 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     env = sub.add_parser("env", help="print the collected environment (Python, torch, devices)")
     env.set_defaults(func=_cmd_env)
-    add_train_parser(sub)
-    add_plot_parser(sub)
+    _add_train_parser(sub)
+    _add_plot_parser(sub)
     add_ckpt_parser(sub)
     return parser
 
@@ -87,7 +235,8 @@ def entry() -> NoReturn:
         if not isinstance(exc.code, int):
             raise
         code = exc.code
-    if not commands.TORE_DOWN_PROCESS_GROUP:
+    commands = sys.modules.get("shardwise.runner.commands")  # imported if train ran
+    if not getattr(commands, "TORE_DOWN_PROCESS_GROUP", False):
         sys.exit(code)
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:

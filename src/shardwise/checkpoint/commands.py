@@ -23,12 +23,13 @@ from typing import Any
 __all__ = ["add_ckpt_parser"]
 
 _DAMAGED, _BAD_INPUT = 1, 2
+#: ``convert --to`` choices: the names of ``convert.TARGETS``, spelled out so that building the
+#: parser imports no torch.
+_TARGETS = ("full", "sharded", "safetensors")
 
 
 def add_ckpt_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``shardwise ckpt``."""
-    from .convert import TARGETS
-
     ckpt = sub.add_parser(
         "ckpt",
         help="inspect, convert and verify checkpoints (full, sharded, local, safetensors)",
@@ -60,7 +61,7 @@ def add_ckpt_parser(sub: argparse._SubParsersAction) -> None:
     )
     convert.add_argument("src", help="the checkpoint to convert (full or sharded)")
     convert.add_argument("dst", help="where to write the result (must not exist)")
-    convert.add_argument("--to", required=True, choices=TARGETS, help="the output format")
+    convert.add_argument("--to", required=True, choices=_TARGETS, help="the output format")
     convert.add_argument(
         "--dtype",
         choices=("bf16", "fp16", "fp32"),
