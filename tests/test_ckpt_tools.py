@@ -4,6 +4,7 @@ converting and checking checkpoints on one CPU process."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -111,8 +112,10 @@ def _tensors_equal(a, b) -> bool:
 
 
 # ----------------------------------------------------------------------------- inspect
-def test_inspect_prints_format_meta_and_every_tensor_of_a_full_checkpoint(full_ckpt, capsys):
-    code, out, _ = _run(capsys, "inspect", full_ckpt)
+def test_inspect_tensors_prints_format_meta_and_every_tensor_of_a_full_checkpoint(
+    full_ckpt, capsys
+):
+    code, out, _ = _run(capsys, "inspect", full_ckpt, "--tensors")
     assert code == 0
     assert "format      full (one torch.save file" in out
     assert "SingleDeviceStrategy, 1 rank(s), shardwise" in out
@@ -122,6 +125,60 @@ def test_inspect_prints_format_meta_and_every_tensor_of_a_full_checkpoint(full_c
     assert "net.0.weight               float32   [8, 4]" in out
     assert "net.1.num_batches_tracked  int64     []" in out
     assert "state/net.0.weight/exp_avg" in out
+
+
+def test_inspect_summarises_totals_by_state_and_dtype_and_the_largest_tensors(full_ckpt, capsys):
+    code, out, _ = _run(capsys, "inspect", full_ckpt)
+    state = torch.load(full_ckpt, weights_only=True)
+    tensors = [
+        (section, name, t)
+        for section, tree in (
+            ("state_dict", state["state_dict"]),
+            ("optimizer", state["optimizer"]),
+        )
+        for name, t in _flat(tree)
+    ]
+    assert code == 0 and len(tensors) == 27
+    assert "format      full (one torch.save file" in out and "position    epoch 1, iter 2" in out
+    assert "SingleDeviceStrategy, 1 rank(s)" in out
+    expected: dict[tuple[str, str], list[int]] = {}
+    for section, _, t in tensors:
+        row = expected.setdefault((section, str(t.dtype).removeprefix("torch.")), [0, 0, 0])
+        row[0], row[1], row[2] = row[0] + 1, row[1] + t.numel(), row[2] + t.nbytes
+    for (section, dtype), (count, numel, nbytes) in expected.items():
+        assert re.search(rf"\n  {section} +{dtype} +{count} +{numel:,} +{nbytes} B\n", out), out
+    assert "the 10 largest of 27 tensors (--tensors lists every one):" in out
+    listed = out.split("the 10 largest of 27 tensors")[1].splitlines()[1:]
+    assert len(listed) == 10
+    biggest = sorted((t.nbytes for _, _, t in tensors), reverse=True)[:10]
+    assert [int(line.split()[-2]) for line in listed] == biggest  # "<n> B", largest first
+    assert "net.1.num_batches_tracked" not in out  # the full list only with --tensors
+
+
+def test_inspect_json_holds_every_tensor_and_the_totals(full_ckpt, capsys):
+    code, out, _ = _run(capsys, "inspect", full_ckpt, "--json")
+    summary = json.loads(out)
+    assert code == 0 and len(summary["tensors"]) == summary["tensor_count"] == 27
+    assert all(t["numel"] == math.prod(t["shape"]) for t in summary["tensors"])
+    totals = {(t["section"], t["dtype"]): t for t in summary["totals"]}
+    for (section, dtype), total in totals.items():
+        mine = [t for t in summary["tensors"] if (t["section"], t["dtype"]) == (section, dtype)]
+        assert total["count"] == len(mine)
+        assert total["numel"] == sum(t["numel"] for t in mine)
+        assert total["nbytes"] == sum(t["nbytes"] for t in mine)
+    assert sum(t["count"] for t in summary["totals"]) == 27
+
+
+def _flat(tree, prefix=""):
+    """(path, tensor) of every tensor in a nested dict/list."""
+    if isinstance(tree, torch.Tensor):
+        yield prefix, tree
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _flat(v, f"{prefix}/{k}" if prefix else str(k))
+    elif isinstance(tree, list | tuple):
+        for i, v in enumerate(tree):
+            yield from _flat(v, f"{prefix}/{i}" if prefix else str(i))
 
 
 def test_inspect_json_lists_shapes_dtypes_and_sizes(full_ckpt, capsys):
@@ -220,7 +277,7 @@ def test_inspect_shows_the_mesh_and_placements_a_tensor_parallel_checkpoint_was_
     optimizer = [t for t in summary["tensors"] if t["section"] == "optimizer"]
     assert optimizer and not any("placements" in t for t in optimizer)
     assert summary["meta"]["placements"] == f"<{len(model)} parameter(s)>"
-    text = format_inspection(summary)
+    text = format_inspection(summary, tensors=True)
     assert "\nmesh        dp_shard=1, tp=2\n" in text
     layout = re.escape("dp_shard×tp: " + ", ".join(q["placements"]))
     assert re.search(rf"\n  blocks\.0\.q\.weight +float32 +\[16, 16\]  {layout}\n", text)
@@ -238,7 +295,7 @@ def test_inspect_shows_the_mesh_of_a_plain_fsdp_checkpoint_and_none_for_one_devi
         assert summary["mesh"] == {"dp_shard": 2}
         placements = _model_entries(summary)["net.0.weight"]["placements"]
         assert placements == dict(mesh=["dp_shard"], placements=["Shard(dim=0)"])
-        assert "net.0.weight" in format_inspection(summary)
+        assert "net.0.weight" in format_inspection(summary, tensors=True)
     single = inspect_checkpoint(full_ckpt)
     assert single["mesh"] is None and "placements" not in single["meta"]
     assert not any("placements" in t for t in single["tensors"])

@@ -35,6 +35,7 @@ def test_a_flag_is_not_taken_as_the_abbreviation_of_a_longer_one(capsys, tmp_pat
         (["train", "cfg.py", "--work_dir", "w"], "usage: shardwise train ", "--work-dir"),
         (["train", "cfg.py", "--resum"], "usage: shardwise train ", "--resume"),
         (["ckpt", "inspect", "x.pth", "--jsn"], "usage: shardwise ckpt inspect ", "--json"),
+        (["ckpt", "inspect", "x.pth", "--tensor"], "usage: shardwise ckpt inspect ", "--tensors"),
         (
             ["ckpt", "verify", "x.pth", "--write-manifests"],
             "usage: shardwise ckpt verify ",

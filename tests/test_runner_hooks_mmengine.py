@@ -9,6 +9,7 @@ mmengine's base class for mmengine's Runner and shardwise's for shardwise's.
 from __future__ import annotations
 
 import itertools
+from unittest import mock
 
 import pytest
 import torch
@@ -215,7 +216,7 @@ class Framework:
     """What differs between the two runs: the Runner and the base classes."""
 
     def __init__(self, name, Runner, Hook, BaseMetric):
-        self.name, self.Runner = name, Runner
+        self.name, self.Runner, self.hook = name, Runner, Hook
         self.recording_hook = make_recording_hook(Hook)
         self.mode_hook = make_mode_hook(Hook)
         self.accuracy = make_accuracy(BaseMetric)
@@ -349,3 +350,114 @@ def test_the_default_hooks_have_mmengines_priorities():
         "CheckpointHook",
     ):
         assert getattr(shardwise.runner, name).priority == getattr(mmengine_hooks, name).priority
+
+
+# ----------------------------------------------------------------------------- the message hub
+def make_hub_reading_hook(Hook):
+    """A hook that reads what RuntimeInfoHook and IterTimerHook publish, at every stage."""
+
+    class HubReadingHook(Hook):
+        priority = "LOWEST"  # after the default hooks have written
+        info_keys = ("loop_stage", "epoch", "iter", "max_epochs", "max_iters", "eta")
+
+        def __init__(self):
+            self.seen = []
+
+        def snapshot(self, stage, runner):
+            hub = runner.message_hub
+            info = {k: hub.get_info(k) for k in self.info_keys}
+            scalars = {
+                k: len(v._log_history)
+                for k, v in hub.log_scalars.items()
+                if not k.endswith(("time", "_per_sec", "grad_norm"))
+            }
+            self.seen.append((stage, info, scalars))
+
+        def before_train(self, runner):
+            self.snapshot("before_train", runner)
+
+        def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+            self.snapshot("after_train_iter", runner)
+
+        def before_val(self, runner):
+            self.snapshot("before_val", runner)
+
+        def after_val(self, runner):
+            self.snapshot("after_val", runner)
+
+        def before_test(self, runner):
+            self.snapshot("before_test", runner)
+
+        def after_test_epoch(self, runner, metrics=None):
+            self.snapshot("after_test_epoch", runner)
+
+        def after_run(self, runner):
+            self.snapshot("after_run", runner)
+
+    return HubReadingHook
+
+
+class _Clock:
+    """``time`` for IterTimerHook: each ``time()`` call is one second later."""
+
+    now = 0
+
+    @classmethod
+    def time(cls):
+        cls.now += 1
+        return cls.now
+
+
+def _train_test_reading_the_hub(framework, work_dir, module):
+    reader = make_hub_reading_hook(framework.hook)()
+    runner = framework.runner(
+        work_dir,
+        [reader],
+        **_training(),
+        train_cfg=dict(by_epoch=True, max_epochs=2, val_interval=1),
+        **framework.evaluation("val", "test"),
+    )
+    _Clock.now = 0
+    with mock.patch(f"{module}.iter_timer_hook.time", _Clock):
+        runner.train()
+        runner.test()
+    hub = runner.message_hub
+    histories = {
+        key: list(hub.get_scalar(key)._log_history)
+        for key in ("train/time", "train/data_time", "train/lr", "val/accuracy", "test/time")
+    }
+    return reader.seen, histories
+
+
+def test_a_hook_reads_the_message_hub_as_under_mmengine(tmp_path):
+    """loop_stage, the loop counters, eta, the scalars' histories: what RuntimeInfoHook and
+    IterTimerHook (timing through time.time) publish is mmengine's, stage by stage."""
+    expected = _train_test_reading_the_hub(MMENGINE, tmp_path / "mmengine", "mmengine.hooks")
+    seen = _train_test_reading_the_hub(SHARDWISE, tmp_path / "shardwise", "shardwise.runner.hooks")
+    assert seen == expected
+    stages = {stage: info for stage, info, _ in seen[0]}
+    assert stages["before_val"]["loop_stage"] == "val"
+    assert stages["after_val"]["loop_stage"] == "train"  # back to training after validation
+    assert stages["before_test"]["loop_stage"] == "test"
+    assert seen[1]["train/time"] == [2] * 6  # one second to fetch, one to step
+
+
+def test_log_processor_and_the_train_loop_are_there_before_training_as_under_mmengine(tmp_path):
+    """``log_processor=dict(...)`` builds ``runner.log_processor``; ``runner.train_loop`` and
+    the loop counters can be read (and set, as mmengine's own tests do) before train()."""
+    seen = {}
+    for framework in (MMENGINE, SHARDWISE):
+        runner = framework.runner(
+            tmp_path / framework.name,
+            [],
+            **_training(),
+            train_cfg=dict(by_epoch=True, max_epochs=2),
+            log_processor=dict(window_size=3, by_epoch=False, num_digits=2),
+        )
+        processor = runner.log_processor
+        runner.train_loop._epoch = 1
+        seen[framework.name] = (
+            (processor.window_size, processor.by_epoch, processor.num_digits),
+            (runner.epoch, runner.iter, runner.max_epochs, runner.max_iters),
+        )
+    assert seen["shardwise"] == seen["mmengine"] == ((3, False, 2), (1, 0, 2, 6))

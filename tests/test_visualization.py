@@ -6,6 +6,7 @@ run's JSON-lines log. Nothing is downloaded or sent."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from shardwise.config import Config
 from shardwise.runner import Runner
 from shardwise.runner.checks import check_config
 from shardwise.visualization import LocalVisBackend, Visualizer
+from tests.distributed import run_distributed
 from tests.test_checkpoint_safety import tree_digest
 from tests.test_cli_train import TINY
 from tests.test_runner_support import BlobData  # noqa: F401 - registers the test data and models
@@ -202,6 +204,43 @@ def test_mlflow_run_holds_the_jsonl_scalars_params_and_config(run):
     artifacts = {a.path for a in client.list_artifacts(found.info.run_id)}
     assert "config.py" in artifacts
     assert any(name.endswith(".log") for name in artifacts)  # the run's log file
+
+
+def _train_on_two_ranks(tmp: str) -> list[dict]:
+    """One DDP rank of a short run whose tracker writes under a per-rank directory; returns
+    this rank's JSONL records (rank 0's; none on rank 1)."""
+    from tests.test_runner_support import RegressionData  # noqa: F401 - registers it
+
+    rank = int(os.environ["RANK"])  # set by run_distributed before the Runner starts the group
+    runner = Runner(
+        model=dict(type="DropoutRegressor"),
+        work_dir=f"{tmp}/work",
+        strategy=dict(type="DDPStrategy"),
+        launcher="pytorch",
+        train_dataloader=dict(dataset=dict(type="RegressionData", n=32), batch_size=8),
+        optim_wrapper=dict(optimizer=dict(type="AdamW", lr=0.01)),
+        train_cfg=dict(by_epoch=False, max_iters=4),
+        default_hooks=dict(logger=dict(interval=2, progress_bar=False), checkpoint=None),
+        visualizer=dict(vis_backends=[dict(type="LocalVisBackend", save_dir=f"{tmp}/rank{rank}")]),
+        cfg=dict(note="config"),
+    )
+    runner.train()
+    if rank != 0:
+        return []
+    log = Path(runner.log_dir) / "metrics.jsonl"
+    return [json.loads(x) for x in log.read_text().splitlines()]
+
+
+@pytest.mark.slow  # two spawned ranks: ~25 s on 2 shared cores
+def test_on_two_ranks_only_rank_0_sends_the_scalars_and_the_config(tmp_path):
+    records, nothing = run_distributed(_train_on_two_ranks, 2, str(tmp_path))
+    assert [r["iter"] for r in records] == [2, 4] and nothing == []
+    assert not (tmp_path / "rank1").exists()
+    lines = (tmp_path / "rank0" / "scalars.json").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == [
+        {**{k: v for k, v in r.items() if k != "mode"}, "step": r["iter"]} for r in records
+    ]
+    assert (tmp_path / "rank0" / "config.py").exists()
 
 
 def test_only_rank_0_writes(tmp_path, monkeypatch):

@@ -2,7 +2,8 @@
 
 Examples::
 
-    shardwise ckpt inspect work_dirs/gpt/iter_1000.pth           # format, meta, mesh, tensors
+    shardwise ckpt inspect work_dirs/gpt/iter_1000.pth           # format, meta, mesh, totals
+    shardwise ckpt inspect work_dirs/gpt/iter_1000.pth --tensors # and every tensor
     shardwise ckpt inspect work_dirs/gpt/iter_1000.pth --json    # the same, for scripts
     shardwise ckpt convert iter_1000.pth gpt.safetensors --to safetensors --dtype bf16
     shardwise ckpt convert iter_1000.pth iter_1000_full.pth --to full --model-only
@@ -44,12 +45,20 @@ def add_ckpt_parser(sub: argparse._SubParsersAction) -> None:
         "inspect",
         help="describe a checkpoint without loading its tensors",
         description="Print a checkpoint's format, files, meta (strategy, world size, "
-        "epoch/iter, the device mesh it was saved from) and every model and optimizer tensor's "
-        "shape and dtype (and a model tensor's placements on the mesh), read from its "
-        "metadata only.",
+        "epoch/iter as meta records them, the device mesh it was saved from), its tensors' "
+        "totals by state and dtype and its 10 largest tensors; with --tensors every model and "
+        "optimizer tensor's shape and dtype (and a model tensor's placements on the mesh). "
+        "Read from the checkpoint's metadata only.",
     )
     inspect.add_argument("path", help="a checkpoint file or directory, or a .safetensors file")
-    inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    inspect.add_argument(
+        "--tensors",
+        action="store_true",
+        help="list every model and optimizer tensor (default: the 10 largest)",
+    )
+    inspect.add_argument(
+        "--json", action="store_true", help="print everything as JSON (every tensor included)"
+    )
     inspect.set_defaults(func=_inspect)
 
     convert = commands.add_parser(
@@ -110,7 +119,10 @@ def _inspect(args: argparse.Namespace) -> int:
         return _error("inspect", exc, _BAD_INPUT)
     except CheckpointError as exc:
         return _error("inspect", exc, _DAMAGED)
-    print(json.dumps(summary, indent=2) if args.json else _printable(format_inspection(summary)))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(_printable(format_inspection(summary, tensors=args.tensors)))
     return 0
 
 

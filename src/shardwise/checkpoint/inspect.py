@@ -2,11 +2,13 @@
 
 :func:`inspect_checkpoint` returns a JSON-ready summary — format, files, who saved it (strategy,
 world size, shardwise version, time), the training position (epoch / iter / step) when ``meta``
-records one, and every model and optimizer tensor's shape, dtype and size — read from the
-checkpoint's metadata alone (see :func:`~shardwise.checkpoint.reader.open_checkpoint`). A
-checkpoint saved from a DeviceMesh records the mesh and each DTensor parameter's placements
-in ``meta`` (``mesh``, ``placements``); they are shown with the model tensors.
-:func:`format_inspection` renders it for a terminal.
+records one, totals by state and dtype, and every model and optimizer tensor's shape, dtype
+and size — read from the checkpoint's metadata alone (see
+:func:`~shardwise.checkpoint.reader.open_checkpoint`). A checkpoint saved from a DeviceMesh
+records the mesh and each DTensor parameter's placements in ``meta`` (``mesh``,
+``placements``); they are shown with the model tensors.
+:func:`format_inspection` renders it for a terminal: a summary with the largest tensors, or
+every tensor (``tensors=True``, ``shardwise ckpt inspect --tensors``).
 
 Example::
 
@@ -30,6 +32,8 @@ from .reader import MODEL, TENSOR_SECTIONS, LocalReader, TensorInfo, open_checkp
 __all__ = ["format_inspection", "inspect_checkpoint"]
 
 _POSITION_KEYS = ("epoch", "iter", "step")
+#: How many tensors the summary lists (the largest); ``tensors=True`` lists every one.
+LARGEST = 10
 _SAVED_BY_KEYS = ("strategy", "shardwise_version", "time", "seed")
 
 
@@ -44,6 +48,7 @@ def _tensor_entry(info: TensorInfo, placements: dict[str, Any]) -> dict[str, Any
         name=info.name,
         shape=list(info.shape),
         dtype=_dtype_name(info.dtype),
+        numel=info.numel,
         nbytes=info.nbytes,
     )
     if info.section == MODEL and info.name in placements:
@@ -122,6 +127,15 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         for section in TENSOR_SECTIONS
         if any(t.section == section for t in tensors)
     }
+    totals: dict[tuple[str, str], dict[str, Any]] = {}
+    for t in tensors:  # by state (section), then dtype, in the order the tensors come
+        entry = totals.setdefault(
+            (t.section, _dtype_name(t.dtype)),
+            dict(section=t.section, dtype=_dtype_name(t.dtype), count=0, numel=0, nbytes=0),
+        )
+        entry["count"] += 1
+        entry["numel"] += t.numel
+        entry["nbytes"] += t.nbytes
     world_size = meta.get("world_size")
     if isinstance(reader, LocalReader) and world_size is None:
         world_size = len(reader.ranks)
@@ -143,6 +157,7 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         tensor_count=len(tensors),
         tensor_bytes=sum(t.nbytes for t in tensors),
         sections=sections,
+        totals=sorted(totals.values(), key=lambda e: TENSOR_SECTIONS.index(e["section"])),
         other_keys=sorted(k for k in reader.skeleton if k not in (*TENSOR_SECTIONS, "meta")),
         tensors=[_tensor_entry(t, placements) for t in tensors],
         meta=_meta_summary(meta),
@@ -170,8 +185,10 @@ def _size(nbytes: int) -> str:
     raise AssertionError("unreachable")
 
 
-def format_inspection(summary: dict[str, Any]) -> str:
-    """:func:`inspect_checkpoint`'s summary as text for a terminal."""
+def format_inspection(summary: dict[str, Any], tensors: bool = False) -> str:
+    """:func:`inspect_checkpoint`'s summary as text for a terminal: what the checkpoint is,
+    its totals by state and dtype and its :data:`LARGEST` largest tensors; every tensor, by
+    state, with ``tensors=True``."""
     lines = [
         f"checkpoint  {summary['path']}",
         f"format      {summary['format']} ({summary['layout']}, {_size(summary['size'])}"
@@ -189,7 +206,7 @@ def format_inspection(summary: dict[str, Any]) -> str:
         lines.append("mesh        " + ", ".join(f"{k}={v}" for k, v in summary["mesh"].items()))
     if summary.get("seed") is not None:
         lines.append(f"seed        {summary['seed']}")
-    if summary["position"]:
+    if summary["position"]:  # as meta records it (mmengine's keys)
         lines.append("position    " + ", ".join(f"{k} {v}" for k, v in summary["position"].items()))
     if summary["other_keys"]:
         lines.append("also holds  " + ", ".join(summary["other_keys"]))
@@ -206,10 +223,68 @@ def format_inspection(summary: dict[str, Any]) -> str:
         )
     if "shapes_are" in summary:
         lines.append(f"shapes below are {summary['shapes_are']}")
+    if tensors:
+        lines += _every_tensor(summary)
+    else:
+        lines += _totals(summary) + _largest(summary)
+    return "\n".join(lines)
+
+
+def _table(rows: list[list[str]], right: set[int]) -> list[str]:
+    """``rows`` in aligned columns (the columns in ``right`` aligned right), indented."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  "
+        + "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ).rstrip()
+        for row in rows
+    ]
+
+
+def _totals(summary: dict[str, Any]) -> list[str]:
+    totals = summary.get("totals") or []
+    if not totals:
+        return []
+    rows = [["state", "dtype", "tensors", "elements", "bytes"]]
+    rows += [
+        [t["section"], t["dtype"], str(t["count"]), f"{t['numel']:,}", _size(t["nbytes"])]
+        for t in totals
+    ]
+    return ["", "totals by state and dtype:", *_table(rows, right={2, 3, 4})]
+
+
+def _shape(t: dict[str, Any]) -> str:
+    return "[" + ", ".join(str(d) for d in t["shape"]) + "]"
+
+
+def _largest(summary: dict[str, Any]) -> list[str]:
+    tensors = summary["tensors"]
+    if not tensors:
+        return []
+    largest = sorted(tensors, key=lambda t: -t["nbytes"])[:LARGEST]
+    rows = [
+        [t["section"], t["name"], t["dtype"], _shape(t), _size(t["nbytes"])]
+        + ([_layout(t["placements"])] if "placements" in t else [])
+        for t in largest
+    ]
+    width = max(len(row) for row in rows)
+    rows = [row + [""] * (width - len(row)) for row in rows]
+    title = (
+        f"the {len(largest)} largest of {len(tensors)} tensors (--tensors lists every one):"
+        if len(largest) < len(tensors)
+        else f"the {len(tensors)} tensors, largest first:"
+    )
+    return ["", title, *_table(rows, right={4})]
+
+
+def _every_tensor(summary: dict[str, Any]) -> list[str]:
+    lines = []
     for section in summary["sections"]:
         entries = [t for t in summary["tensors"] if t["section"] == section]
         width = max(len(t["name"]) for t in entries)
-        shapes = ["[" + ", ".join(str(d) for d in t["shape"]) + "]" for t in entries]
+        shapes = [_shape(t) for t in entries]
         shape_width = max(len(shape) for shape in shapes)
         lines.append("")
         lines.append(f"{section}:")
@@ -220,7 +295,7 @@ def format_inspection(summary: dict[str, Any]) -> str:
             else:
                 line += shape
             lines.append(line)
-    return "\n".join(lines)
+    return lines
 
 
 def _layout(placements: dict[str, Any]) -> str:

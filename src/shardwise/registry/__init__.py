@@ -34,6 +34,7 @@ from .root import (
     DATASETS,
     FUNCTIONS,
     HOOKS,
+    LOG_PROCESSORS,
     LOOPS,
     METRICS,
     MODEL_WRAPPERS,
@@ -72,4 +73,5 @@ __all__ = [
     "METRICS",
     "VISBACKENDS",
     "VISUALIZERS",
+    "LOG_PROCESSORS",
 ]

@@ -28,6 +28,7 @@ __all__ = [
     "METRICS",
     "VISBACKENDS",
     "VISUALIZERS",
+    "LOG_PROCESSORS",
 ]
 
 RUNNERS = Registry("runner", build_func=build_runner_from_cfg, locations=["shardwise.runner"])
@@ -47,3 +48,4 @@ LOOPS = Registry("loop", locations=["shardwise.runner"])
 METRICS = Registry("metric", locations=["shardwise.runner"])
 VISBACKENDS = Registry("vis_backend", locations=["shardwise.visualization"])
 VISUALIZERS = Registry("visualizer", locations=["shardwise.visualization"])
+LOG_PROCESSORS = Registry("log_processor", locations=["shardwise.runner"])

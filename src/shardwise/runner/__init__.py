@@ -18,6 +18,7 @@ from .hooks import (
     PreemptionHook,
     RuntimeInfoHook,
 )
+from .log_processor import LogProcessor
 from .loops import BaseLoop, EpochBasedTrainLoop, IterBasedTrainLoop, TestLoop, ValLoop
 from .message_hub import HistoryBuffer, MessageHub
 from .priority import Priority, get_priority
@@ -26,6 +27,7 @@ from .runner import DEFAULT_HOOKS, Runner, parse_losses
 __all__ = [
     "Runner",
     "DEFAULT_HOOKS",
+    "LogProcessor",
     "parse_losses",
     "BaseLoop",
     "EpochBasedTrainLoop",

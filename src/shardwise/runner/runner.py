@@ -45,7 +45,7 @@ import shardwise
 from shardwise import dist
 from shardwise.config import Config
 from shardwise.optim import OptimWrapperDict
-from shardwise.registry import HOOKS, LOOPS, RUNNERS, STRATEGIES, VISUALIZERS
+from shardwise.registry import HOOKS, LOG_PROCESSORS, LOOPS, RUNNERS, STRATEGIES, VISUALIZERS
 from shardwise.strategies import BaseStrategy
 from shardwise.strategies.base import unwrap_model
 from shardwise.strategies.checkpointer import where_to_start
@@ -56,6 +56,7 @@ from .data import build_dataloader, set_sampler_seed
 from .evaluator import build_evaluator
 from .hooks import Hook
 from .hooks.defaults import DEFAULT_HOOKS, merge_default_hooks, with_preemption
+from .log_processor import LogProcessor
 from .loops import EpochBasedTrainLoop, IterBasedTrainLoop, TestLoop, ValLoop
 from .message_hub import MessageHub
 from .priority import Priority, get_priority
@@ -98,6 +99,9 @@ class Runner:
             (mmengine's ``dict(type='Visualizer', vis_backends=[...])``): the trackers that
             receive the config and the logged scalars, under ``<log_dir>/vis_data``. Default:
             none (the JSON-lines log and TensorBoard of ``LoggerHook`` only).
+        log_processor: a :class:`~shardwise.runner.LogProcessor` or its options
+            (mmengine's ``dict(window_size=10, by_epoch=True, custom_cfg=[...])``), as
+            ``runner.log_processor``: how ``LoggerHook`` smooths and formats the values.
     """
 
     def __init__(
@@ -129,6 +133,7 @@ class Runner:
         compile: bool | Mapping[str, Any] = False,
         cfg: Config | Mapping[str, Any] | None = None,
         visualizer: Visualizer | Mapping[str, Any] | None = None,
+        log_processor: LogProcessor | Mapping[str, Any] | None = None,
     ) -> None:
         check_components(
             model=model,
@@ -174,6 +179,7 @@ class Runner:
         self.logger = self.strategy.logger
         self.message_hub = MessageHub()
         self.visualizer = self.build_visualizer(visualizer)
+        self.log_processor = self.build_log_processor(log_processor)
         self.model: nn.Module | None = None
         self.optim_wrapper: Any = None
         self.param_schedulers: Any = None
@@ -239,6 +245,7 @@ class Runner:
             compile=cfg.get("compile", False),
             cfg=cfg,
             visualizer=cfg.get("visualizer"),
+            log_processor=cfg.get("log_processor"),
         )
 
     @staticmethod
@@ -300,6 +307,22 @@ class Runner:
         if note:
             built.logger.warning(note)
         return built
+
+    def build_log_processor(
+        self, log_processor: LogProcessor | Mapping[str, Any] | None
+    ) -> LogProcessor:
+        """The log processor object, or one built from its options (``type`` optional, from
+        ``LOG_PROCESSORS``; default ``LogProcessor``)."""
+        if isinstance(log_processor, LogProcessor):
+            return log_processor
+        if log_processor is not None and not isinstance(log_processor, Mapping):
+            raise TypeError(
+                "log_processor must be a LogProcessor or its options such as "
+                f"dict(window_size=10, by_epoch=True), got {type(log_processor).__name__}: "
+                f"{log_processor!r}"
+            )
+        cfg = {"type": "LogProcessor", **dict(log_processor or {})}
+        return LOG_PROCESSORS.build(cfg)
 
     def build_visualizer(self, visualizer: Visualizer | Mapping[str, Any] | None) -> Visualizer:
         """The visualizer object, or one built from its config with ``name`` (the experiment

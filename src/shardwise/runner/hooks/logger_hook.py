@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,9 @@ class LoggerHook(Hook):
         log_metric_by_epoch: label validation lines by epoch in an epoch-based loop.
 
     mmengine's ``interval_exp_name``, ``out_dir``, ``out_suffix``, ``keep_local``,
-    ``file_client_args`` and ``backend_args`` are accepted and ignored.
+    ``file_client_args`` and ``backend_args`` are checked as mmengine checks them (same
+    exceptions and messages) and kept as attributes; shardwise does not copy the logs to
+    ``out_dir``.
     """
 
     priority = "BELOW_NORMAL"
@@ -65,14 +68,28 @@ class LoggerHook(Hook):
         log_metric_by_epoch: bool = True,
         interval_exp_name: int = 1000,
         out_dir: str | None = None,
-        out_suffix: Any = None,
+        out_suffix: str | Sequence[str] = (".json", ".log", ".py", "yaml"),
         keep_local: bool = True,
         file_client_args: dict | None = None,
         backend_args: dict | None = None,
     ) -> None:
-        if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
-            raise ValueError(f"LoggerHook interval must be a positive int, got {interval!r}")
+        _check_logger_args(
+            interval,
+            ignore_last,
+            interval_exp_name,
+            out_dir,
+            out_suffix,
+            keep_local,
+            file_client_args,
+            backend_args,
+        )
         self.interval = interval
+        self.interval_exp_name = interval_exp_name
+        self.out_dir = out_dir
+        self.out_suffix = out_suffix
+        self.keep_local = keep_local
+        self.file_client_args = file_client_args
+        self.backend_args = backend_args
         self.ignore_last = ignore_last
         self.progress_bar = progress_bar
         self.tensorboard = tensorboard
@@ -233,6 +250,51 @@ class LoggerHook(Hook):
         if self._visualizer is not None:  # the trackers get what the JSON line has
             scalars = tracked_scalars(record, prefix if self._hierarchy else "")
             self._visualizer.add_scalars(scalars, step=step)
+
+
+def _check_logger_args(
+    interval: Any,
+    ignore_last: Any,
+    interval_exp_name: Any,
+    out_dir: Any,
+    out_suffix: Any,
+    keep_local: Any,
+    file_client_args: Any,
+    backend_args: Any,
+) -> None:
+    """mmengine's checks of ``LoggerHook``'s arguments, with its exceptions and messages
+    (and the value that was given)."""
+    if not isinstance(interval, int) or isinstance(interval, bool):
+        raise TypeError(f"interval must be an integer, got {type(interval).__name__}: {interval!r}")
+    if interval <= 0:
+        raise ValueError(f"interval must be greater than 0, got {interval}")
+    if not isinstance(ignore_last, bool):
+        raise TypeError(f"ignore_last must be a boolean, got {ignore_last!r}")
+    if not isinstance(interval_exp_name, int) or isinstance(interval_exp_name, bool):
+        raise TypeError(f"interval_exp_name must be an integer, got {interval_exp_name!r}")
+    if interval_exp_name <= 0:
+        raise ValueError(f"interval_exp_name must be greater than 0, got {interval_exp_name}")
+    if out_dir is not None and not isinstance(out_dir, str | os.PathLike):
+        raise TypeError(f"out_dir must be a str or Path object, got {out_dir!r}")
+    if out_dir is None and file_client_args is not None:
+        raise ValueError(
+            'file_client_args should be "None" when `out_dir` is not specified, got '
+            f"{file_client_args!r}"
+        )
+    if file_client_args is not None and backend_args is not None:
+        raise ValueError(
+            '"file_client_args" and "backend_args" cannot be set at the same time. Give '
+            "backend_args only (file_client_args is mmengine's older name)."
+        )
+    if not isinstance(keep_local, bool):
+        raise TypeError(f"keep_local must be a boolean, got {keep_local!r}")
+    if not isinstance(out_suffix, str) and not (
+        isinstance(out_suffix, list | tuple) and all(isinstance(s, str) for s in out_suffix)
+    ):
+        raise TypeError(
+            "out_suffix should be a string or a sequence of string, but got "
+            f"{type(out_suffix)}: {out_suffix!r}"
+        )
 
 
 def _bar_layout() -> dict[str, Any]:
