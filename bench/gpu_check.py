@@ -323,7 +323,8 @@ def render(result: dict[str, Any]) -> str:
             "```",
             "",
         ]
-        return "\n".join(lines)
+        if "step_s" not in bench:  # the MFU part's figures survive a failed checkpoint part
+            return "\n".join(lines)
     size = bench["size"]
     mfu = bench.get("mfu") or {}
     peak = bench.get("peak_memory_gib") or {}
@@ -348,6 +349,8 @@ def render(result: dict[str, Any]) -> str:
             f"| {name} | {bench['step_s'][name]:.4f} | {bench['tflops'][name]:.1f} | "
             f"{_pct(mfu.get(name))} | {_num(peak.get(name), '{:.2f}')} |"
         )
+    if "checkpoint_runs_s" not in bench:
+        return "\n".join([*lines, ""])
     runs = bench["checkpoint_runs_s"]
     best = {k: min(v) for k, v in runs.items()}
     met = bench.get("met") or {}
