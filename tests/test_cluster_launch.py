@@ -568,7 +568,7 @@ def test_inconsistent_launcher_input_is_one_line_and_exit_code_2(
     ids=[i for (_, extra, _), i in zip(BAD, BAD_IDS) if not extra],
 )
 def test_the_library_refuses_the_same_variables_with_a_value_error(clean_env, tmp_path, env, words):
-    """A strategy (and dist.read_launch_env) reads the environment before any collective."""
+    """A strategy (and launch_env.read_launch_env) reads the environment before any collective."""
     from shardwise.strategies import DDPStrategy
 
     for name, value in env.items():
@@ -612,16 +612,16 @@ def test_every_rank_refuses_inconsistent_variables_before_any_collective(tmp_pat
 )
 def test_compressed_node_lists_name_the_master(clean_env, monkeypatch, nodelist, hosts):
     monkeypatch.setattr(launch_env.shutil, "which", lambda name: None)  # no scontrol here
-    assert dist.parse_slurm_nodelist(nodelist) == hosts
+    assert launch_env.parse_slurm_nodelist(nodelist) == hosts
     env = dict(SLURM_NTASKS="1", SLURM_PROCID="0", SLURM_JOB_NODELIST=nodelist)
-    assert dist.read_launch_env("slurm", env).master_addr == hosts[0]
+    assert launch_env.read_launch_env("slurm", env).master_addr == hosts[0]
 
 
 @pytest.mark.parametrize("nodelist", ["node[01-", "node01]", "node[]", "a,,b", "a,", "n[3-1]"])
 def test_unreadable_node_lists_are_refused(monkeypatch, nodelist):
     monkeypatch.setattr(launch_env.shutil, "which", lambda name: None)
     with pytest.raises(ValueError, match="Cannot parse SLURM node list"):
-        dist.parse_slurm_nodelist(nodelist)
+        launch_env.parse_slurm_nodelist(nodelist)
 
 
 # ----------------------------------------------------------------------------- adopted group

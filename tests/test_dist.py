@@ -11,6 +11,7 @@ import torch
 import torch.distributed as torch_dist
 
 from shardwise import dist
+from shardwise.launch_env import infer_launcher, parse_slurm_nodelist
 from tests.distributed import free_port, run_distributed
 
 LAUNCH_VARS = (
@@ -64,12 +65,12 @@ def launch_env():
 )
 def test_infer_launcher_from_environment(launch_env, variables, expected):
     launch_env.update(variables)
-    assert dist.infer_launcher() == expected
+    assert infer_launcher() == expected
 
 
 def test_torchrun_variables_win_over_slurm(launch_env):
     launch_env.update(SLURM_NTASKS="2", SLURM_PROCID="0", LOCAL_RANK="0")
-    assert dist.infer_launcher() == "pytorch"
+    assert infer_launcher() == "pytorch"
 
 
 def test_unknown_launcher_is_rejected_with_the_accepted_ones():
@@ -108,7 +109,7 @@ def test_pytorch_launcher_without_torchrun_variables_says_how_to_launch(launch_e
 )
 def test_slurm_nodelist_is_expanded_without_scontrol(monkeypatch, nodelist, hosts):
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    assert dist.parse_slurm_nodelist(nodelist) == hosts
+    assert parse_slurm_nodelist(nodelist) == hosts
 
 
 def test_init_from_slurm_environment(launch_env):
@@ -183,7 +184,7 @@ def test_all_reduce_rejects_unknown_op_and_integer_mean():
 
 
 def _collectives_worker() -> dict:
-    dist.init_dist(dist.infer_launcher(), timeout=60)
+    dist.init_dist(infer_launcher(), timeout=60)
     rank, world = dist.get_rank(), dist.get_world_size()
     value = torch.full((2,), float(rank + 1))
     out = {

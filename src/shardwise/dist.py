@@ -1,7 +1,7 @@
 """Process-group setup, device choice, rank helpers and collectives.
 
 What the launcher told the process (rank, world, master; launcher inference) is read and
-checked by :mod:`shardwise.launch_env`, whose names this module re-exports.
+checked by :mod:`shardwise.launch_env`; import its names from there.
 
 Every helper works without a process group: rank 0, world size 1, collectives are
 identities. With one, tensors are communicated where the backend wants them: CPU
@@ -10,9 +10,9 @@ collective and its result copied back in place.
 
 Example::
 
-    from shardwise import dist
+    from shardwise import dist, launch_env
 
-    dist.init_dist(dist.infer_launcher(), timeout=600)
+    dist.init_dist(launch_env.infer_launcher(), timeout=600)
     loss = dist.all_reduce(loss.detach().clone(), op='mean')
     if dist.is_main_process():
         print(loss)
@@ -35,35 +35,13 @@ import torch
 import torch.distributed as torch_dist
 from torch.distributed import ProcessGroup
 
-from .launch_env import (
-    DEFAULT_PORT,
-    LAUNCHERS,
-    LaunchEnv,
-    LauncherEnvError,
-    _missing,
-    check_no_missed_launcher,
-    env_int,
-    infer_launcher,
-    is_torchrun_worker,
-    parse_slurm_nodelist,
-    read_launch_env,
-    slurm_master_addr,
-    slurm_master_port,
-    slurm_tasks_per_node,
-)
+from . import launch_env
 
 __all__ = [
     "env_kwargs_from_cfg",
-    "LAUNCHERS",
-    "LaunchEnv",
-    "LauncherEnvError",
     "check_adopted_group",
-    "check_no_missed_launcher",
     "destroy_process_group",
-    "env_int",
-    "is_torchrun_worker",
     "owns_process_group",
-    "read_launch_env",
     "REDUCE_OPS",
     "all_gather_object",
     "all_reduce",
@@ -77,12 +55,10 @@ __all__ = [
     "get_local_size",
     "get_rank",
     "get_world_size",
-    "infer_launcher",
     "init_dist",
     "is_distributed",
     "is_main_process",
     "master_only",
-    "parse_slurm_nodelist",
 ]
 
 logger = logging.getLogger(__name__)
@@ -154,7 +130,7 @@ def check_adopted_group(launcher: str | None = None, env: Mapping[str, str] | No
     """Check an already initialised process group against the environment's launcher
     variables before using it: ``WORLD_SIZE``/``RANK`` when set, and with ``launcher``
     named, that launcher's (``SLURM_NTASKS``/``SLURM_PROCID``, ``OMPI_COMM_WORLD_*``).
-    Raises :class:`LauncherEnvError` naming them; no collective runs."""
+    Raises :class:`~shardwise.launch_env.LauncherEnvError` naming them; no collective runs."""
     env = os.environ if env is None else env
     world, rank = torch_dist.get_world_size(), torch_dist.get_rank()
     pairs = [("WORLD_SIZE", world), ("RANK", rank)]
@@ -163,9 +139,9 @@ def check_adopted_group(launcher: str | None = None, env: Mapping[str, str] | No
     elif launcher == "mpi":
         pairs += [("OMPI_COMM_WORLD_SIZE", world), ("OMPI_COMM_WORLD_RANK", rank)]
     for name, actual in pairs:
-        value = env_int(env, name)
+        value = launch_env.env_int(env, name)
         if value is not None and value != actual:
-            raise LauncherEnvError(
+            raise launch_env.LauncherEnvError(
                 f"{name}={value} but the process group already initialised in this process "
                 f"has {world} rank(s) and this is rank {rank}; the group is used as it is: "
                 f"unset {name} or initialise the group from the same launch"
@@ -189,22 +165,25 @@ def init_dist(
         **kwargs: ``port`` (used for ``MASTER_PORT`` when the environment has none;
             default 29500); the rest go to ``torch.distributed.init_process_group``.
 
-    The launcher's variables are checked first (:func:`read_launch_env`): a missing or
-    inconsistent one raises :class:`LauncherEnvError` before anything connects.
+    The launcher's variables are checked first
+    (:func:`~shardwise.launch_env.read_launch_env`): a missing or inconsistent one raises
+    :class:`~shardwise.launch_env.LauncherEnvError` before anything connects.
     SLURM: ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` come from ``SLURM_PROCID``/
     ``SLURM_NTASKS``/``SLURM_LOCALID``; ``MASTER_ADDR`` (unless set) is the first host
     of the step's node list; ``MASTER_PORT`` (unless set) is ``port`` or derived from
-    ``SLURM_JOB_ID`` (:func:`slurm_master_port`). Open MPI: from the ``OMPI_COMM_WORLD_*``
-    variables; ``MASTER_ADDR`` must be set when the job spans several nodes. Otherwise
-    ``MASTER_PORT`` is the environment's, else ``port``, else 29500.
+    ``SLURM_JOB_ID`` (:func:`~shardwise.launch_env.slurm_master_port`). Open MPI: from the
+    ``OMPI_COMM_WORLD_*`` variables; ``MASTER_ADDR`` must be set when the job spans several
+    nodes. Otherwise ``MASTER_PORT`` is the environment's, else ``port``, else 29500.
 
     An already initialised process group is adopted as it is (checked against the
     environment by :func:`check_adopted_group`): shardwise uses it and never destroys it.
     A group this function creates is destroyed at interpreter exit
     (:func:`destroy_at_exit`) unless destroyed before.
     """
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"Unknown launcher {launcher!r}; expected one of {list(LAUNCHERS)}.")
+    if launcher not in launch_env.LAUNCHERS:
+        raise ValueError(
+            f"Unknown launcher {launcher!r}; expected one of {list(launch_env.LAUNCHERS)}."
+        )
     timeout = _as_timedelta(timeout)
     if launcher == "none":
         return
@@ -220,7 +199,7 @@ def init_dist(
             torch_dist.get_world_size(),
         )
         return
-    read_launch_env(launcher)  # refuse inconsistent variables before anything connects
+    launch_env.read_launch_env(launcher)  # refuse inconsistent variables before anything connects
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     port = kwargs.pop("port", None)
@@ -280,27 +259,27 @@ def _as_timedelta(timeout: float | datetime.timedelta | None) -> datetime.timede
 
 
 def _setup_torchrun_env(port: int | None) -> None:
-    _missing(
+    launch_env.require_vars(
         os.environ,
         "pytorch",
         ("RANK", "WORLD_SIZE", "MASTER_ADDR"),
         "start the script with torchrun (python -m torch.distributed.run).",
     )
-    os.environ.setdefault("MASTER_PORT", str(port or DEFAULT_PORT))
+    os.environ.setdefault("MASTER_PORT", str(port or launch_env.DEFAULT_PORT))
 
 
 def _setup_slurm_env(port: int | None) -> None:
     env = os.environ
     proc_id = int(env["SLURM_PROCID"])
-    env["MASTER_ADDR"] = slurm_master_addr(env)
-    env["MASTER_PORT"] = str(slurm_master_port(env, port))
+    env["MASTER_ADDR"] = launch_env.slurm_master_addr(env)
+    env["MASTER_PORT"] = str(launch_env.slurm_master_port(env, port))
     env["RANK"] = str(proc_id)
     env["WORLD_SIZE"] = env["SLURM_NTASKS"]
     if "SLURM_LOCALID" in env:
         env["LOCAL_RANK"] = env["SLURM_LOCALID"]
     else:
         env["LOCAL_RANK"] = str(proc_id % max(torch.cuda.device_count(), 1))
-    per_node = slurm_tasks_per_node(env)
+    per_node = launch_env.slurm_tasks_per_node(env)
     if per_node is not None:
         env["LOCAL_WORLD_SIZE"] = str(per_node)
 
@@ -311,12 +290,12 @@ def _setup_mpi_env(port: int | None) -> None:
     local_size = env.get("OMPI_COMM_WORLD_LOCAL_SIZE")
     if "MASTER_ADDR" not in env:
         if local_size != world_size:
-            raise LauncherEnvError(
+            raise launch_env.LauncherEnvError(
                 "launcher='mpi' across several nodes needs MASTER_ADDR (the host of rank 0); "
                 "pass it with `mpirun -x MASTER_ADDR=<host> ...`."
             )
         env["MASTER_ADDR"] = "127.0.0.1"
-    env.setdefault("MASTER_PORT", str(port or DEFAULT_PORT))
+    env.setdefault("MASTER_PORT", str(port or launch_env.DEFAULT_PORT))
     env["RANK"] = env["OMPI_COMM_WORLD_RANK"]
     env["WORLD_SIZE"] = world_size
     env["LOCAL_RANK"] = env["OMPI_COMM_WORLD_LOCAL_RANK"]

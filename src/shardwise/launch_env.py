@@ -38,6 +38,7 @@ __all__ = [
     "is_torchrun_worker",
     "parse_slurm_nodelist",
     "read_launch_env",
+    "require_vars",
     "slurm_master_addr",
     "slurm_master_port",
     "slurm_nnodes",
@@ -118,7 +119,9 @@ def env_int(
     return value
 
 
-def _missing(env: Mapping[str, str], launcher: str, names: tuple[str, ...], hint: str) -> None:
+def require_vars(env: Mapping[str, str], launcher: str, names: tuple[str, ...], hint: str) -> None:
+    """Raise :class:`LauncherEnvError` naming the variables of ``names`` that ``env`` lacks
+    (``launcher`` and ``hint``, how to start the script, complete the message)."""
     missing = [name for name in names if name not in env]
     if missing:
         raise LauncherEnvError(
@@ -230,7 +233,7 @@ def read_launch_env(launcher: str, env: Mapping[str, str] | None = None) -> Laun
 
 
 def _read_torchrun_env(env: Mapping[str, str]) -> LaunchEnv:
-    _missing(
+    require_vars(
         env,
         "pytorch",
         ("RANK", "WORLD_SIZE"),
@@ -287,7 +290,7 @@ def _check_kubeflow_world(env: Mapping[str, str], rank: int, world: int) -> None
 
 
 def _read_slurm_env(env: Mapping[str, str]) -> LaunchEnv:
-    _missing(
+    require_vars(
         env,
         "slurm",
         ("SLURM_PROCID", "SLURM_NTASKS"),
@@ -320,7 +323,7 @@ def _read_slurm_env(env: Mapping[str, str]) -> LaunchEnv:
 
 def _read_mpi_env(env: Mapping[str, str]) -> LaunchEnv:
     names = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")
-    _missing(env, "mpi", names, "start the script with Open MPI's mpirun.")
+    require_vars(env, "mpi", names, "start the script with Open MPI's mpirun.")
     world = env_int(env, "OMPI_COMM_WORLD_SIZE", minimum=1)
     rank = env_int(env, "OMPI_COMM_WORLD_RANK")
     local_rank = env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK")

@@ -41,7 +41,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from shardwise import dist
+from shardwise import dist, launch_env
 
 __all__ = [
     "LaunchOptions",
@@ -184,15 +184,17 @@ def plan_launch(
             )
         return _here("none", "none", 1, 1, "one process")
     if launcher is None:
-        if "PET_NNODES" in env and not dist.is_torchrun_worker(env):
+        if "PET_NNODES" in env and not launch_env.is_torchrun_worker(env):
             return _plan_kubeflow(options, env)
-        launcher = dist.infer_launcher(env)
+        launcher = launch_env.infer_launcher(env)
     if launcher == "slurm":
         return _plan_slurm(options, env)
     if launcher in ("pytorch", "mpi"):
         return _plan_started(options, launcher, env)
     if launcher != "none":
-        raise ValueError(f"--launcher must be one of {list(dist.LAUNCHERS)}, got {launcher!r}")
+        raise ValueError(
+            f"--launcher must be one of {list(launch_env.LAUNCHERS)}, got {launcher!r}"
+        )
     if nproc is None or nproc == 1:
         if not options.multi_node:
             return _here("none", "none", 1, 1, "one process")
@@ -220,7 +222,7 @@ def _plan_adopted(options: LaunchOptions, launcher: str | None, env: Mapping[str
             "ranks train)"
         )
     dist.check_adopted_group(launcher, env)
-    launcher = launcher or dist.infer_launcher(env)
+    launcher = launcher or launch_env.infer_launcher(env)
     return _here(launcher, "process group", world, None, f"the existing {world}-rank group")
 
 
@@ -236,7 +238,7 @@ def _check_nproc(options: LaunchOptions, local: int | None, source: str, fix: st
 
 def _plan_started(options: LaunchOptions, launcher: str, env: Mapping[str, str]) -> LaunchPlan:
     """torchrun's worker, RANK/WORLD_SIZE alone, or mpirun: this process is one rank."""
-    found = dist.read_launch_env(launcher, env)
+    found = launch_env.read_launch_env(launcher, env)
     if launcher == "mpi":
         source = f"mpirun started {found.local_world_size or '?'} process(es) on this node "
         source += "(OMPI_COMM_WORLD_LOCAL_SIZE)"
@@ -260,7 +262,7 @@ def _plan_started(options: LaunchOptions, launcher: str, env: Mapping[str, str])
 
 def _plan_slurm(options: LaunchOptions, env: Mapping[str, str]) -> LaunchPlan:
     """srun: one task per rank (train here) or one task per node (torchrun per node)."""
-    found = dist.read_launch_env("slurm", env)
+    found = launch_env.read_launch_env("slurm", env)
     ntasks, nproc = found.world_size, options.nproc_per_node
     nnodes = found.nnodes
     if options.nnodes is not None and nnodes is not None and options.fixed_nnodes != nnodes:
@@ -298,7 +300,7 @@ def _plan_slurm(options: LaunchOptions, env: Mapping[str, str]) -> LaunchPlan:
     planned = replace(options, nnodes=str(nodes), node_rank=node_rank)
     if options.rdzv_endpoint is None:
         planned.master_addr = options.master_addr or found.master_addr
-        planned.master_port = options.master_port or dist.slurm_master_port(env)
+        planned.master_port = options.master_port or launch_env.slurm_master_port(env)
         meeting = f"{planned.master_addr}:{planned.master_port}"
     else:
         planned.node_rank = None if options.rdzv_backend not in (None, "static") else node_rank
@@ -362,14 +364,14 @@ def _plan_kubeflow(options: LaunchOptions, env: Mapping[str, str]) -> LaunchPlan
     planned = replace(options, nproc_per_node=nproc, nnodes=nnodes)
     fixed = planned.fixed_nnodes
     if options.max_restarts is None and "PET_MAX_RESTARTS" in env:
-        planned.max_restarts = dist.env_int(env, "PET_MAX_RESTARTS")
+        planned.max_restarts = launch_env.env_int(env, "PET_MAX_RESTARTS")
     if "PET_RDZV_ENDPOINT" in env and options.rdzv_endpoint is None:  # elastic PyTorchJob
         planned.rdzv_endpoint = env["PET_RDZV_ENDPOINT"]
         planned.rdzv_backend = options.rdzv_backend or env.get("PET_RDZV_BACKEND") or "c10d"
         planned.rdzv_id = options.rdzv_id or env.get("PET_RDZV_ID")
         meeting = f"rendezvous {planned.rdzv_endpoint} ({planned.rdzv_backend})"
     else:
-        node_rank = dist.env_int(env, "PET_NODE_RANK")
+        node_rank = launch_env.env_int(env, "PET_NODE_RANK")
         if node_rank is not None and fixed is not None and node_rank >= fixed:
             raise ValueError(
                 f"PET_NODE_RANK={node_rank} is outside the world: PET_NNODES={nnodes} nodes are "
@@ -380,7 +382,7 @@ def _plan_kubeflow(options: LaunchOptions, env: Mapping[str, str]) -> LaunchPlan
         if options.master_addr is None and env.get("PET_MASTER_ADDR"):
             planned.master_addr = env["PET_MASTER_ADDR"]
         if options.master_port is None and "PET_MASTER_PORT" in env:
-            planned.master_port = dist.env_int(env, "PET_MASTER_PORT", minimum=1)
+            planned.master_port = launch_env.env_int(env, "PET_MASTER_PORT", minimum=1)
         if planned.multi_node and (node_rank is None or planned.master_addr is None):
             missing = [n for n in ("PET_NODE_RANK", "PET_MASTER_ADDR") if not env.get(n)]
             raise ValueError(
@@ -402,7 +404,7 @@ def _check_kubeflow_torch_vars(
     env: Mapping[str, str], nnodes: str, pet_nproc: str, planned: LaunchOptions
 ) -> None:
     """PyTorchJob also sets RANK (the pod's) and WORLD_SIZE (pods × numeric nprocPerNode)."""
-    world = dist.env_int(env, "WORLD_SIZE", minimum=1)
+    world = launch_env.env_int(env, "WORLD_SIZE", minimum=1)
     if world is not None and nnodes.isdigit() and pet_nproc.isdigit():
         expected = int(nnodes) * int(pet_nproc)
         if world not in (expected, int(nnodes)):
@@ -410,7 +412,7 @@ def _check_kubeflow_torch_vars(
                 f"WORLD_SIZE={world} disagrees with PET_NNODES={nnodes} × PET_NPROC_PER_NODE="
                 f"{pet_nproc} = {expected}"
             )
-    rank = dist.env_int(env, "RANK")
+    rank = launch_env.env_int(env, "RANK")
     if rank is not None and planned.node_rank is not None and "PET_NODE_RANK" in env:
         if rank != planned.node_rank:
             raise ValueError(

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from shardwise import dist
+from shardwise import dist, launch_env
 from shardwise.checkpoint.retention import check_max_keep_ckpts
 from shardwise.env import set_multi_processing, set_resource_limit
 from shardwise.optim import (
@@ -288,22 +288,24 @@ def set_up_environment(
     strategy uses it, its backend and device, and never destroys it; ``distributed`` is then
     True whatever the launcher, which stays the one the environment names (``'none'`` where
     no launcher variable is set). The launcher's variables are checked before any collective
-    (:func:`shardwise.dist.read_launch_env`, :func:`shardwise.dist.check_adopted_group`):
+    (:func:`shardwise.launch_env.read_launch_env`, :func:`shardwise.dist.check_adopted_group`):
     inconsistent ones raise a ``ValueError`` naming them on every rank.
     """
     explicit = launcher is not None
-    launcher = dist.infer_launcher() if launcher is None else launcher
-    if launcher not in dist.LAUNCHERS:
-        raise ValueError(f"Unknown launcher {launcher!r}; expected one of {list(dist.LAUNCHERS)}.")
+    launcher = launch_env.infer_launcher() if launcher is None else launcher
+    if launcher not in launch_env.LAUNCHERS:
+        raise ValueError(
+            f"Unknown launcher {launcher!r}; expected one of {list(launch_env.LAUNCHERS)}."
+        )
     if dist.is_distributed():
         if not dist.owns_process_group():
             dist.check_adopted_group(launcher if explicit else None)
         distributed = True
     else:
         if launcher == "none" and not explicit:
-            dist.check_no_missed_launcher()
+            launch_env.check_no_missed_launcher()
         elif launcher != "none":
-            dist.read_launch_env(launcher)
+            launch_env.read_launch_env(launcher)
         distributed = launcher != "none"
     set_multi_processing(**(mp_cfg or {}), distributed=distributed)
     if distributed and not dist.is_distributed():
