@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 
 import shardwise
-from shardwise import dist
+from shardwise import dist, launch_env
 from shardwise.config import Config
 from shardwise.optim import OptimWrapperDict
 from shardwise.registry import HOOKS, LOG_PROCESSORS, LOOPS, RUNNERS, STRATEGIES, VISUALIZERS
@@ -280,7 +280,7 @@ class Runner:
         ``log_kwargs``, ``auto_scale_lr``)."""
         if isinstance(strategy, BaseStrategy):
             return strategy
-        launcher_name = launcher or dist.infer_launcher()
+        launcher_name = launcher or launch_env.infer_launcher()
         if strategy is None:
             several = launcher_name != "none" or dist.get_world_size() > 1  # an adopted group
             name = "DDPStrategy" if several else "SingleDeviceStrategy"
