@@ -91,3 +91,55 @@ def test_a_failure_on_one_rank_is_raised_on_every_rank(tmp_path):
     assert not (tmp_path / "ckpt").exists()
     assert not staging_path(tmp_path / "ckpt").exists()
     assert find_last_checkpoint(tmp_path) is None
+
+
+def _agree(fail_rank):
+    """Each step's outcome on this rank: its result, or its exception as 'Type: message'."""
+    import torch.distributed as dist
+
+    from shardwise.checkpoint.agreement import on_every_rank, on_rank0
+
+    rank = dist.get_rank()
+
+    def step(fail_on):
+        def fn():
+            if rank == fail_on:
+                raise ValueError(f"bad bytes on rank {rank}\nsecond line")
+            return f"from rank {rank}"
+
+        return fn
+
+    outcomes = {}
+    for name, run in {
+        "every": lambda: on_every_rank(step(fail_rank), "reading x"),
+        "rank0": lambda: on_rank0(step(fail_rank)),
+    }.items():
+        try:
+            outcomes[name] = run()
+        except Exception as exc:  # noqa: BLE001 - the outcome is what the test compares
+            outcomes[name] = f"{type(exc).__name__}: {exc}"
+    return outcomes
+
+
+def test_the_ranks_agree_on_a_step_that_fails_on_one_of_them():
+    """on_every_rank: the failed rank raises its own exception, the others a CheckpointError
+    naming it (one line); on_rank0: rank 0's result, or its exception, on every rank."""
+    ok, fails_on_1, fails_on_0 = (run_distributed(_agree, 2, r, init_pg=True) for r in (-1, 1, 0))
+    assert ok == [
+        {"every": "from rank 0", "rank0": "from rank 0"},
+        {"every": "from rank 1", "rank0": "from rank 0"},
+    ]
+    assert fails_on_1[0]["every"] == (
+        "CheckpointError: reading x failed on rank 1: ValueError: bad bytes on rank 1"
+    )
+    assert fails_on_1[1]["every"] == "ValueError: bad bytes on rank 1\nsecond line"
+    assert [r["rank0"] for r in fails_on_1] == ["from rank 0"] * 2
+    assert [r["rank0"] for r in fails_on_0] == ["ValueError: bad bytes on rank 0\nsecond line"] * 2
+
+
+def test_without_a_process_group_a_step_runs_alone():
+    from shardwise.checkpoint.agreement import on_every_rank, on_rank0
+
+    assert on_every_rank(lambda: 3) == 3 and on_rank0(lambda: 4) == 4
+    with pytest.raises(KeyError, match="x"):
+        on_every_rank(lambda: {}["x"])

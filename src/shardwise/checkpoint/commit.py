@@ -36,6 +36,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .agreement import gather_outcomes, raise_if_any
 from .files import (
     DELETED_SUFFIX,
     LAST_CHECKPOINT,
@@ -172,37 +173,6 @@ def _commit_on_rank0(
             logger.warning("Could not delete the outdated checkpoint %s: %s", old, exc)
 
 
-def _gather(obj: Any, group: dist.ProcessGroup | None, what: str) -> list[Any]:
-    """Every rank's ``obj``; a rank that cannot reach the others (one crashed or was killed:
-    gloo fails on the closed connection, or at the collective timeout) gets CheckpointError."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return [obj]
-    gathered: list[Any] = [None] * dist.get_world_size(group)
-    try:
-        dist.all_gather_object(gathered, obj, group=group)
-    except Exception as exc:  # noqa: BLE001 - gloo/NCCL raise RuntimeError & co.
-        raise CheckpointError(
-            f"{what}: this rank could not reach the others to agree on the outcome (a rank "
-            f"crashed, was killed, or the collective timed out): {describe_error(exc)}"
-        ) from exc
-    return gathered
-
-
-def raise_if_any(errors: Sequence[str | None], what: str, cause: BaseException | None = None):
-    """Raise :class:`CheckpointError` naming every rank that failed, one line each (the
-    rank's own exception, ``cause``, chained where this rank is one of them)."""
-    failed = [(rank, err) for rank, err in enumerate(errors) if err is not None]
-    if not failed:
-        return
-    if len(failed) == 1:
-        message = f"{what} failed on rank {failed[0][0]}: {failed[0][1]}"
-    else:
-        message = f"{what} failed on {len(failed)} ranks:\n" + "\n".join(
-            f"  rank {rank}: {err}" for rank, err in failed
-        )
-    raise CheckpointError(message) from cause
-
-
 class CheckpointCommit:
     """One save through the commit protocol (a context manager, or :meth:`begin` then
     :meth:`finish`).
@@ -273,7 +243,7 @@ class CheckpointCommit:
                 error = exc
         what = f"saving {self.final}"
         message = None if error is None else describe_error(error)
-        raise_if_any(_gather(message, self.group, what), what, error)
+        raise_if_any(gather_outcomes(message, self.group, what), what, error)
         return self.staging
 
     def finish(self, error: BaseException | None = None) -> None:
@@ -288,7 +258,7 @@ class CheckpointCommit:
                 error = exc
         saving = f"saving {self.final}"
         message = None if error is None else describe_error(error)
-        outcomes: list[_Outcome] = _gather((message, digests), self.group, saving)
+        outcomes: list[_Outcome] = gather_outcomes((message, digests), self.group, saving)
         errors = [err for err, _ in outcomes]
         commit_error = None
         if self._rank == 0:
@@ -302,7 +272,7 @@ class CheckpointCommit:
                 commit_error = exc
         committing = f"committing {self.final}"
         message = None if commit_error is None else describe_error(commit_error)
-        commit_errors = _gather(message, self.group, committing)  # staging gone or renamed
+        commit_errors = gather_outcomes(message, self.group, committing)  # staging gone or renamed
         raise_if_any(errors, saving, error)
         raise_if_any(commit_errors, committing, commit_error)
 

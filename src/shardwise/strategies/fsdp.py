@@ -23,7 +23,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from torch.distributed.tensor import DTensor
 
 from shardwise import dist
 from shardwise.checkpoint import CheckpointError
+from shardwise.checkpoint.agreement import on_every_rank, on_rank0
 from shardwise.checkpoint.formats import CheckpointFormat, detect_format
 from shardwise.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from shardwise.optim.parts import SINGLE, optim_wrapper_parts, part_optimizer
@@ -570,40 +571,6 @@ class FSDPStrategy(BaseStrategy):
             )
         fmt = on_rank0(lambda: detect_format(path))
         return fmt.read_onto(path, _Placement(self.model, path), verify)
-
-
-def on_rank0(fn: Callable[[], Any]) -> Any:
-    """``fn()`` on rank 0, its result (or its exception) on every rank."""
-    result, error = None, None
-    if dist.get_rank() == 0:
-        try:
-            result = fn()
-        except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
-            error = exc
-    error, result = dist.broadcast_object((error, result), src=0)
-    if error is not None:
-        raise error
-    return result
-
-
-def on_every_rank(fn: Callable[[], Any]) -> Any:
-    """``fn()`` on every rank; if it fails anywhere, it fails everywhere."""
-    result, error = None, None
-    try:
-        result = fn()
-    except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
-        error = exc
-    message = None if error is None else f"{type(error).__name__}: {error}"
-    errors = dist.all_gather_object(message)
-    if error is not None:
-        raise error
-    failed = [(rank, err) for rank, err in enumerate(errors) if err is not None]
-    if failed:
-        raise CheckpointError(
-            "reading the checkpoint failed on rank(s) "
-            + ", ".join(f"{rank} ({err})" for rank, err in failed)
-        )
-    return result
 
 
 class _Placement:
