@@ -81,7 +81,7 @@ def run_ranks(fn, world_size, *args, deadline=3 * TIMEOUT + 30):
 # ----------------------------------------------------------------------------- the trials
 # where a rank can die: (module, attribute) -> who calls it
 POINTS = {
-    "gather the state": ("shardwise.strategies.checkpointer:Checkpointer", "_meta"),
+    "gather the state": ("shardwise.checkpoint.states:RandomState", "state_dict"),
     "stage to host memory": ("shardwise.checkpoint.async_save:AsyncCheckpointer", "stage"),
     "prepare the staging path": ("shardwise.checkpoint.commit:CheckpointCommit", "begin"),
     "write DCP shards": ("shardwise.checkpoint.sharded:_RecordingWriter", "write_data"),

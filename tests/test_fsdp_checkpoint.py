@@ -383,7 +383,7 @@ def _saves_with_a_cached_plan(work_dir):
         _steps(strategy, model, wrapper, schedulers, range(2))
         saved.append(full_weights(model))
         strategy.save_checkpoint(name)
-    keys = [k for k in SavePlanner._cached_save_plan if k.startswith("shardwise:FSDPStrategy@")]
+    keys = [k for k in SavePlanner._cached_save_plan if k.startswith("shardwise:Checkpointer@")]
     loaded = []
     for name in ("a.pth", "b.pth"):
         fresh, fresh_model, *_ = _prepare(work_dir, "sharded")

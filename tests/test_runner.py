@@ -368,14 +368,14 @@ def test_worker_processes_are_seeded_from_the_seed_and_the_epoch():
 
 # ----------------------------------------------------------------------------- checkpoints
 def _spy_on_saves(runner, seen):
-    original = runner.strategy.save_checkpoint
+    original = runner.strategy.checkpointer.save
 
     def spy(filename, **kwargs):
         result = original(filename, **kwargs)
         seen.append(kwargs["async_save"] if result is None else "future")
         return result
 
-    runner.strategy.save_checkpoint = spy
+    runner.strategy.checkpointer.save = spy
     return runner
 
 
@@ -701,10 +701,16 @@ def test_an_mmengine_style_config_trains(tmp_path):
     ]
 
 
-def test_rank_zero_shows_a_progress_bar_with_loss_and_lr(tmp_path, capsys):
+def test_rank_zero_shows_a_progress_bar_with_loss_and_lr(tmp_path, capsys, monkeypatch):
+    from shardwise.runner.hooks import logger_hook
+
+    monkeypatch.setattr(logger_hook, "_is_terminal", lambda stream: True)  # as in a terminal
     _runner(tmp_path, default_hooks=dict(logger=dict(interval=4))).train()
     err = capsys.readouterr().err
     assert "16/16" in err and "loss=" in err and "lr=" in err
+    monkeypatch.undo()  # captured output is no terminal: no bar, the console lines only
+    _runner(tmp_path, "plain", default_hooks=dict(logger=dict(interval=4))).train()
+    assert "16/16" not in capsys.readouterr().err
 
 
 def test_an_unknown_hook_argument_is_refused():

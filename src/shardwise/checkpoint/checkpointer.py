@@ -1,25 +1,32 @@
-"""The Checkpointer: saving, loading and resuming a strategy's state, in one place.
+"""The Checkpointer: saving, loading and resuming state objects, in one place.
 
-A checkpoint is a dict of *state objects* (each with ``state_dict()`` / ``load_state_dict()``):
-the model (``'state_dict'``), the optimizers (``'optimizer'``), the parameter schedulers
-(``'param_schedulers'``), the random state (in ``'meta'``), and the caller's extras (a runner's
-loop position and message hub). The strategy contributes only how its model and optimizer
-state is gathered or sharded (its ``*_state_dict`` methods), the format it writes and how it
-reads one onto its model (``_read_state``); everything else lives here:
+A checkpoint is a dict of entries, each the ``state_dict()`` of a *state object*
+(:mod:`.states`: torch's ``Stateful`` protocol), by checkpoint key. A strategy registers its
+model (``'state_dict'``), optimizers (``'optimizer'``) and schedulers (``'param_schedulers'``);
+parts of ``'meta'`` (the random state, the strategy's layout, a runner's loop position) are
+state objects too, registered with ``meta=True``; a runner adds its message hub. The strategy
+hands over only a :class:`Layout`: the format it writes and where read tensors go (its
+``Placement``). The Checkpointer knows nothing else of the strategy:
 
-- :meth:`Checkpointer.save`: the state, through the commit protocol, synchronously or in the
-  background (:mod:`shardwise.checkpoint.async_save`), with retention (``max_keep_ckpts``);
-- :meth:`Checkpointer.load` (weights) and :meth:`Checkpointer.resume` (everything, whole or
-  refused: :mod:`.matching`);
+- :meth:`Checkpointer.save`: every state, through the commit protocol, synchronously or in the
+  background (:mod:`.async_save`), with retention (``max_keep_ckpts``);
+- :meth:`Checkpointer.load` (model weights) and :meth:`Checkpointer.resume` (every state,
+  whole or refused: each state's ``fit_state_dict`` says whether the saved entry fits);
 - :func:`where_to_start` and :meth:`Checkpointer.load_or_resume`: mmengine's rules for
-  ``load_from`` and ``resume``, shared with the Runner.
+  ``load_from`` and ``resume``.
 
-``BaseStrategy`` keeps the public methods (``save_checkpoint``, ``load_checkpoint``,
-``resume``, ``load_or_resume``, ``wait_for_checkpoint``, ``wait_for_staging``) and delegates.
+Example::
+
+    >>> checkpointer = Checkpointer('work_dirs/demo', layout=Layout(FULL))
+    >>> checkpointer.register('state_dict', model)       # any object with state_dict()
+    >>> checkpointer.register('optimizer', optimizer)
+    >>> checkpointer.save('iter_10.pth')
+    >>> checkpointer.resume('iter_10.pth')
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,35 +36,43 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn as nn
 
 import shardwise
-from shardwise import dist
-from shardwise.checkpoint import CheckpointCommit, CheckpointError, find_last_checkpoint
-from shardwise.checkpoint.async_save import AsyncCheckpointer
-from shardwise.checkpoint.formats import CheckpointFormat
-from shardwise.checkpoint.retention import Retention, check_max_keep_ckpts
-from shardwise.env import capture_rng_state, gc_paused, restore_rng_state
+from shardwise.env import gc_paused
 
-from .matching import (
-    optimizer_states_by_name,
-    resume_mismatches,
-    revise_state_dict_keys,
-    unwrap_model,
-)
-from .state_dicts import saved_layout
+from .async_save import AsyncCheckpointer
+from .commit import CheckpointCommit
+from .files import CheckpointError
+from .formats import CheckpointFormat, Placement, detect_format, read_checkpoint
+from .latest import find_last_checkpoint
+from .retention import Retention, check_max_keep_ckpts
+from .states import Stateful
 
-__all__ = ["DEFAULT_REVISE_KEYS", "Checkpointer", "State", "where_to_start"]
+__all__ = ["DEFAULT_REVISE_KEYS", "MODEL", "Checkpointer", "Layout", "where_to_start"]
 
 DEFAULT_REVISE_KEYS = [(r"^module\.", "")]
 
+#: The checkpoint keys of the model, optimizer and scheduler entries (mmengine's).
+MODEL, OPTIMIZER, SCHEDULERS = "state_dict", "optimizer", "param_schedulers"
+
 
 @dataclass(frozen=True)
-class State:
-    """One entry of a checkpoint: how to take it from the run and put it back."""
+class Layout:
+    """What a strategy tells the Checkpointer about its state.
 
-    state_dict: Callable[[], Any]
-    load_state_dict: Callable[[Any], None]
+    Args:
+        format: the format saves write.
+        placement: for a sharded run, ``placement(path)`` says where the tensors read from the
+            checkpoint at ``path`` go (every rank reads onto its shards, collectively); None:
+            each process reads the checkpoint whole, onto plain tensors.
+        device: where ``map_location='default'`` puts the tensors read.
+        rank: this process's rank.
+    """
+
+    format: CheckpointFormat
+    placement: Callable[[Path], Placement] | None = None
+    device: torch.device | str = "cpu"
+    rank: int = 0
 
 
 def where_to_start(
@@ -76,83 +91,93 @@ def where_to_start(
     return None, None if load_from is None else str(load_from)
 
 
+@dataclass
+class _Entry:
+    state: Stateful
+    meta: bool  # its state_dict() is merged into 'meta', and it loads from 'meta'
+    required: bool  # a resume refuses a checkpoint without it
+
+
 class Checkpointer:
-    """Saves, loads and resumes the state of ``strategy`` (see the module docstring).
+    """Saves, loads and resumes state objects (see the module docstring).
 
     Args:
-        strategy: the :class:`~shardwise.strategies.BaseStrategy` whose state this is.
+        work_dir: where relative checkpoint names are put and looked for.
+        states: the state objects by checkpoint key (more with :meth:`register`).
+        layout: the strategy's :class:`Layout` (None until it has one: saving, loading and
+            resuming refuse until then).
         async_save: the default of :meth:`save`'s ``async_save``.
         max_keep_ckpts: the default of :meth:`save`'s ``max_keep_ckpts``.
         verify_checksums: the default of :meth:`load`'s and :meth:`resume`'s.
+        logger: where saves and loads are reported.
     """
 
     def __init__(
-        self, strategy: Any, *, async_save: bool, max_keep_ckpts: int, verify_checksums: bool
+        self,
+        work_dir: str | os.PathLike[str],
+        states: Mapping[str, Stateful] | None = None,
+        layout: Layout | None = None,
+        *,
+        async_save: bool = False,
+        max_keep_ckpts: int = -1,
+        verify_checksums: bool = True,
+        logger: logging.Logger | None = None,
     ) -> None:
-        self.strategy = strategy
+        self.work_dir = Path(work_dir)
+        self.layout = layout
         self.async_save = async_save
         self.max_keep_ckpts = check_max_keep_ckpts(max_keep_ckpts)
         self.verify_checksums = verify_checksums
+        self.logger = logger or logging.getLogger("shardwise")
+        self._states: dict[str, _Entry] = {}
+        for key, state in (states or {}).items():
+            self.register(key, state)
         #: The checkpoints kept under a ``max_keep_ckpts`` limit, by series.
         self.retention = Retention()
         #: Stages asynchronous saves in host memory and writes them in the background.
         self.stager = AsyncCheckpointer()
-        self._fenced: list[Any] = []  # optimizers and models hooked by _fence_staging
+        self._fenced: set[str] = set()  # states hooked by _fence_staging
 
     # ------------------------------------------------------------------ states
-    def states(self, optimizer: bool = True, schedulers: bool = True) -> dict[str, State]:
-        """The state objects of the strategy, by checkpoint key (what it has of them)."""
-        s = self.strategy
-        states = {"state_dict": State(s.model_state_dict, s.load_model_state_dict)}
-        if optimizer and hasattr(s, "optim_wrapper"):
-            states["optimizer"] = State(s.optim_state_dict, s.load_optim_state_dict)
-        if schedulers and hasattr(s, "param_schedulers"):
-            states["param_schedulers"] = State(
-                s.scheduler_state_dict, s.load_scheduler_state_dict
+    def register(
+        self, key: str, state: Stateful, *, meta: bool = False, required: bool = True
+    ) -> None:
+        """Save and resume ``state`` under ``key`` (replacing what was there). With ``meta``,
+        its ``state_dict()`` (a dict) is merged into the checkpoint's ``meta`` and it is
+        loaded from ``meta``. ``required=False``: a resume from a checkpoint without it goes
+        on without it (an entry added in a later version, say)."""
+        if not isinstance(state, Stateful):
+            raise TypeError(
+                f"checkpoint state {key!r} is a {type(state).__name__}, which has no "
+                "state_dict()/load_state_dict(); register an object with both"
             )
-        return states
+        if not meta and key == "meta":
+            raise ValueError("'meta' is the checkpoint's own entry; register parts with meta=True")
+        self._states[key] = _Entry(state, meta, required)
+        self._fenced.discard(key)
 
-    def _meta(self, fmt: CheckpointFormat) -> dict[str, Any]:
-        """What every checkpoint records besides the state: who wrote it, when, every rank's
-        random state (a collective: every rank must call it), its layout (:func:`saved_layout`)."""
-        s = self.strategy
-        return dict(
-            shardwise_version=shardwise.__version__,
-            time=time.strftime("%Y-%m-%d %H:%M:%S"),
-            timestamp=s.timestamp,
-            experiment_name=s.experiment_name,
-            seed=s.seed,
-            randomness=s.randomness,
-            world_size=s.world_size,
-            strategy=type(s).__name__,
-            format=fmt.name,
-            rng_states=dist.all_gather_object(capture_rng_state()),
-            **saved_layout(s),
-        )
+    def unregister(self, key: str) -> None:
+        """Stop saving and resuming ``key`` (nothing if it is not registered)."""
+        self._states.pop(key, None)
 
-    def _restore_randomness(self, meta: Mapping[str, Any]) -> None:
-        s = self.strategy
-        seed = meta.get("seed")
-        if seed is not None and seed != s.seed:
-            s.logger.warning("The checkpoint's seed %s replaces this run's seed %s", seed, s.seed)
-            s._set_randomness(**{**s.randomness, "seed": seed})
-        states = meta.get("rng_states")
-        if states and len(states) == s.world_size:
-            restore_rng_state(states[s.rank])
-        elif states:
-            s.logger.warning(
-                "The checkpoint was saved on %d ranks and is resumed on %d: RNG states are not "
-                "restored; every rank is reseeded from seed %s instead",
-                len(states),
-                s.world_size,
-                s.seed,
-            )
+    @property
+    def states(self) -> dict[str, Stateful]:
+        """The registered state objects, by key."""
+        return {key: entry.state for key, entry in self._states.items()}
+
+    def _selected(self, skip: Sequence[str]) -> dict[str, _Entry]:
+        return {key: e for key, e in self._states.items() if key not in skip}
+
+    def _layout(self, what: str) -> Layout:
+        if self.layout is None or MODEL not in self._states:
+            raise RuntimeError(f"{what} needs a prepared strategy: call prepare() first")
+        return self.layout
 
     # ------------------------------------------------------------------ paths
     def resolve(self, filename: str | os.PathLike[str]) -> Path:
         """Where a save puts ``filename``: as given if absolute, else inside ``work_dir``."""
         path = Path(filename)
-        return path if path.is_absolute() else Path(self.strategy.work_dir) / path
+        return path if path.is_absolute() else self.work_dir / path
 
     def find(self, filename: str | os.PathLike[str]) -> Path:
         """``filename`` as given, or inside ``work_dir`` when it is relative and only there."""
@@ -161,31 +186,52 @@ class Checkpointer:
             path = self.resolve(path)
         return path
 
-    def _read(self, filename: Any, map_location: Any, verify: bool | None) -> dict[str, Any]:
-        s = self.strategy
-        location = s.device if map_location == "default" else map_location
-        verify = self.verify_checksums if verify is None else bool(verify)
-        return s._read_state(self.find(filename), location, verify)
+    def read(
+        self,
+        filename: str | os.PathLike[str],
+        map_location: Any = "cpu",
+        verify_checksums: bool | None = None,
+    ) -> dict[str, Any]:
+        """The checkpoint at ``filename``, read as the layout says: whole, or by every rank onto
+        its shards (collective); ``map_location='default'``: the layout's device."""
+        layout = self._layout("reading a checkpoint")
+        path = self.find(filename)
+        location = layout.device if map_location == "default" else map_location
+        verify = self.verify_checksums if verify_checksums is None else bool(verify_checksums)
+        if layout.placement is None:
+            return read_checkpoint(path, map_location=location, verify_checksums=verify)
+        placement = layout.placement(path)
+        fmt = placement.on_rank0(lambda: detect_format(path))
+        return fmt.read_onto(path, placement, verify)
 
     # ------------------------------------------------------------------ save
-    def _state(
+    def state(
         self,
-        save_optimizer: bool,
-        save_param_scheduler: bool,
-        extra_ckpt: Mapping[str, Any] | None,
-        fmt: CheckpointFormat,
+        skip: Sequence[str] = (),
+        extra_ckpt: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """The checkpoint dict every format stores (collective under sharding)."""
-        states = self.states(save_optimizer, save_param_scheduler)
+        """The checkpoint dict of every registered state but ``skip`` (a collective under
+        sharding), with ``extra_ckpt`` beside them (its ``meta`` merged into ``meta``)."""
+        layout = self._layout("taking the state")
         extra = dict(extra_ckpt or {})
-        clash = sorted(set(extra) & {"state_dict", "optimizer", "param_schedulers"})
+        selected = self._selected(skip)
+        clash = sorted(set(extra) & {k for k, e in selected.items() if not e.meta})
         if clash:
             raise ValueError(
                 f"extra_ckpt keys {clash} would overwrite the checkpoint's own entries "
-                f"{['state_dict', 'optimizer', 'param_schedulers']}; rename them"
+                f"{sorted(k for k, e in self._states.items() if not e.meta)}; rename them"
             )
-        state = {key: entry.state_dict() for key, entry in states.items()}
-        meta = self._meta(fmt)
+        meta: dict[str, Any] = dict(
+            shardwise_version=shardwise.__version__,
+            time=time.strftime("%Y-%m-%d %H:%M:%S"),
+            format=layout.format.name,
+        )
+        state: dict[str, Any] = {}
+        for key, entry in selected.items():
+            if entry.meta:
+                meta.update(entry.state.state_dict())
+            else:
+                state[key] = entry.state.state_dict()
         meta.update(extra.pop("meta", {}))
         state.update(extra)
         state["meta"] = meta
@@ -204,24 +250,24 @@ class Checkpointer:
         max_keep_ckpts: int | None = None,
         series: str = "periodic",
     ) -> Future | None:
-        """Save a checkpoint through the commit protocol, in the strategy's format (the
-        base strategy's: the full format, one file written by rank 0).
+        """Save every registered state through the commit protocol, in the layout's format.
 
-        A relative ``filename`` is taken inside ``work_dir``. ``extra_ckpt`` entries are
-        stored beside the state (its ``meta`` entries are merged into ``meta``);
+        A relative ``filename`` is taken inside ``work_dir``. ``save_optimizer`` /
+        ``save_param_scheduler`` False leave those entries out. ``extra_ckpt`` entries are
+        stored beside the states (its ``meta`` entries are merged into ``meta``);
         ``callback(checkpoint)`` may edit the dict before it is written.
 
-        ``async_save`` (None: the strategy's ``async_save`` default) returns as soon as the
-        state is copied to host memory, with a future (``.done()``, ``.result()`` -> the
+        ``async_save`` (None: the default given at construction) returns as soon as the state
+        is copied to host memory, with a future (``.done()``, ``.result()`` -> the
         checkpoint's path) while the write and commit go on in the background; the next save,
-        :meth:`wait_for_checkpoint`, loading and interpreter exit wait for it, and its failure
-        (on any rank) is raised as :class:`CheckpointError` on every rank there. A synchronous
-        save returns None once the checkpoint is committed.
+        :meth:`wait`, loading and interpreter exit wait for it, and its failure (on any rank)
+        is raised as :class:`CheckpointError` on every rank there. A synchronous save returns
+        None once the checkpoint is committed.
 
-        ``max_keep_ckpts`` (None: the strategy's default; -1: no limit) keeps only the newest
-        N checkpoints of the ``series`` (e.g. ``'periodic'``, ``'best_acc'``): once this one
-        is committed, rank 0 deletes the oldest beyond N (never the newest, never one being
-        written; see :mod:`shardwise.checkpoint.retention`). The lists survive a resume.
+        ``max_keep_ckpts`` (None: the default given at construction; -1: no limit) keeps only
+        the newest N checkpoints of the ``series`` (e.g. ``'periodic'``, ``'best_acc'``):
+        once this one is committed, rank 0 deletes the oldest beyond N (never the newest,
+        never one being written; see :mod:`.retention`). The lists survive a resume.
 
         Example::
 
@@ -230,22 +276,21 @@ class Checkpointer:
             >>> strategy.wait_for_checkpoint()  # committed (or CheckpointError)
         """
         self.wait()
-        s = self.strategy
-        if not s._prepared:
-            raise RuntimeError("save_checkpoint() needs a prepared strategy: call prepare() first")
+        layout = self._layout("save_checkpoint()")
         in_background = self.async_save if async_save is None else bool(async_save)
         max_keep = self.max_keep_ckpts if max_keep_ckpts is None else max_keep_ckpts
         check_max_keep_ckpts(max_keep)
         path = self.resolve(filename)
-        fmt = s._checkpoint_format()
+        fmt = layout.format
+        skip = [OPTIMIZER] * (not save_optimizer) + [SCHEDULERS] * (not save_param_scheduler)
         start = time.perf_counter()
         try:
-            state = self._state(save_optimizer, save_param_scheduler, extra_ckpt, fmt)
+            state = self.state(skip, extra_ckpt)
         except CheckpointError:
             raise
         except RuntimeError as exc:  # a collective failed: a rank crashed or timed out
             raise CheckpointError(
-                f"saving {path}: gathering the state to save failed on rank {s.rank}: "
+                f"saving {path}: gathering the state to save failed on rank {layout.rank}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         if callback is not None:
@@ -256,7 +301,7 @@ class Checkpointer:
             state.setdefault("meta", {})["kept_checkpoints"] = kept
         if in_background:
             return self._save_in_background(state, path, fmt, start, retire)
-        commit = CheckpointCommit(path, work_dir=s.work_dir, is_dir=fmt.is_dir, retire=retire)
+        commit = CheckpointCommit(path, work_dir=self.work_dir, is_dir=fmt.is_dir, retire=retire)
         try:
             with commit as staging:
                 commit.record(*self._write(fmt, state, staging))
@@ -264,17 +309,18 @@ class Checkpointer:
             self.retention.settle(committed=False)
             raise
         self.retention.settle(committed=True)
-        s.logger.info("Saved checkpoint %s (%s) in %.2f s", path, fmt, time.perf_counter() - start)
+        self.logger.info(
+            "Saved checkpoint %s (%s) in %.2f s", path, fmt, time.perf_counter() - start
+        )
         return None
 
     def _write(
         self, fmt: CheckpointFormat, state: dict[str, Any], staging: Path, group: Any = None
     ) -> list[Any]:
         """This rank's part of the checkpoint under the staging path (collectives on
-        ``group``); one DCP plan is reused per strategy and kind of save."""
-        s = self.strategy
-        plan = f"{type(s).__name__}@{id(s):x}:{'async' if group else 'sync'}"
-        return fmt.write(state, staging, rank=s.rank, group=group, plan=plan)
+        ``group``); one DCP plan is reused per layout and kind of save."""
+        plan = f"Checkpointer@{id(self):x}:{'async' if group else 'sync'}"
+        return fmt.write(state, staging, rank=self._layout("writing").rank, group=group, plan=plan)
 
     def _save_in_background(
         self,
@@ -285,15 +331,14 @@ class Checkpointer:
         retire: list[str],
     ) -> Future:
         """Stage ``state`` to host memory, agree that every rank did, and write and commit it
-        in the background (see :mod:`shardwise.checkpoint.async_save`)."""
-        s = self.strategy
+        in the background (see :mod:`.async_save`)."""
         group = self.stager.group()
         commit = CheckpointCommit(
-            path, work_dir=s.work_dir, group=group, is_dir=fmt.is_dir, retire=retire
+            path, work_dir=self.work_dir, group=group, is_dir=fmt.is_dir, retire=retire
         )
         staged, error = None, None
         try:
-            staged = fmt.stage(state, self.stager, s.rank)
+            staged = fmt.stage(state, self.stager, self._layout("staging").rank)
         except Exception as exc:  # noqa: BLE001 - every rank raises it from begin()
             error = exc
         del state
@@ -306,7 +351,7 @@ class Checkpointer:
         self._fence_staging()
         blocked = time.perf_counter() - start
         future = self.stager.submit(commit, lambda: self._write(fmt, staged, staging, group))
-        s.logger.info(
+        self.logger.info(
             "Staged checkpoint %s (%s) in host memory in %.2f s; writing it in the background",
             path,
             fmt,
@@ -315,7 +360,7 @@ class Checkpointer:
 
         def log(done: Future) -> None:
             if done.exception() is None:
-                s.logger.info(
+                self.logger.info(
                     "Saved checkpoint %s (%s) in %.2f s (in the background)",
                     path,
                     fmt,
@@ -326,23 +371,15 @@ class Checkpointer:
         return future
 
     def _fence_staging(self) -> None:
-        """Make every optimizer step, and every forward of a model with persistent buffers
-        (forward may update them, e.g. BatchNorm's statistics), wait until the save in flight
-        has copied the tensors it left to the background (hooks registered once)."""
-        s = self.strategy
-        targets: list[Any] = []
-        if hasattr(s, "optim_wrapper"):
-            targets += [wrapper.optimizer for wrapper in s._wrappers().values()]
-        if _has_persistent_buffers(s.model):
-            targets.append(s.model)
-        for target in targets:
-            if any(fenced is target for fenced in self._fenced):
+        """Make every state that changes its saved tensors in place (an optimizer step, a
+        forward that updates buffers) wait until the save in flight has copied the tensors it
+        left to the background (hooks registered once per state)."""
+        for key, entry in self._states.items():
+            hook = getattr(entry.state, "register_pre_change_hook", None)
+            if hook is None or key in self._fenced:
                 continue
-            if isinstance(target, torch.optim.Optimizer):
-                target.register_step_pre_hook(lambda *_: self.stager.wait_for_staging())
-            else:
-                target.register_forward_pre_hook(lambda *_: self.stager.wait_for_staging())
-            self._fenced.append(target)
+            hook(self.stager.wait_for_staging)
+            self._fenced.add(key)
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is committed; raise its failure."""
@@ -368,26 +405,26 @@ class Checkpointer:
         verify_checksums: bool | None = None,
     ) -> dict[str, Any]:
         """Load the model weights of a checkpoint; return the rest of it (``meta``,
-        ``optimizer``, extras). ``map_location='default'`` means the strategy's device;
+        ``optimizer``, extras). ``map_location='default'`` means the layout's device;
         ``strict`` refuses missing, unexpected and mismatched keys (else they are skipped with
         a warning); ``revise_keys`` are ``(pattern, replacement)`` regexes applied to the
         keys; ``callback(checkpoint)`` sees it before it is used; ``verify_checksums`` (None:
-        the strategy's default, True) compares the files with the checksums recorded when
-        they were saved while reading them, and refuses a mismatch."""
+        the default given at construction) compares the files with the checksums recorded
+        when they were saved while reading them, and refuses a mismatch."""
         self.wait()
-        checkpoint = self._read(filename, map_location, verify_checksums)
+        self.logger.info("Loading weights from %s", filename)
+        checkpoint = self.read(filename, map_location, verify_checksums)
         if callback is not None:
             callback(checkpoint)
-        if "state_dict" not in checkpoint and _is_bare_state_dict(checkpoint):
-            checkpoint = {"state_dict": checkpoint}
-        if "state_dict" not in checkpoint:
+        if MODEL not in checkpoint and is_bare_state_dict(checkpoint):
+            checkpoint = {MODEL: checkpoint}
+        if MODEL not in checkpoint:
             raise KeyError(
-                f"{filename} has no 'state_dict' entry (keys: {sorted(checkpoint)}); it is not "
+                f"{filename} has no {MODEL!r} entry (keys: {sorted(checkpoint)}); it is not "
                 "a shardwise or mmengine checkpoint"
             )
-        self.strategy.load_model_state_dict(
-            checkpoint.pop("state_dict"), strict=strict, revise_keys=revise_keys
-        )
+        model = self._states[MODEL].state
+        model.load_state_dict(checkpoint.pop(MODEL), strict=strict, revise_keys=revise_keys)
         return checkpoint
 
     @gc_paused()
@@ -401,98 +438,95 @@ class Checkpointer:
         callback: Callable[[dict[str, Any]], None] | None = None,
         verify_checksums: bool | None = None,
     ) -> dict[str, Any]:
-        """Restore model, optimizer, schedulers, seed and RNG states from a checkpoint, whole
-        or not at all: a checkpoint that does not fit the run is refused before anything is
-        loaded (:mod:`.matching`). ``resume_optimizer`` / ``resume_param_scheduler``: restore
-        those too; ``map_location``, ``callback``, ``verify_checksums`` as in :meth:`load`."""
+        """Restore every registered state from a checkpoint, whole or not at all: a checkpoint
+        that lacks a required entry, or one whose entries do not fit their states (each
+        state's ``fit_state_dict``), is refused before anything is loaded.
+        ``resume_optimizer`` / ``resume_param_scheduler`` False leave those states as they
+        are; ``map_location``, ``callback``, ``verify_checksums`` as in :meth:`load`. Returns
+        the checkpoint's entries no state took (``meta`` always)."""
         self.wait()
-        s = self.strategy
-        if not s._prepared:
-            raise RuntimeError("resume() needs a prepared strategy: call prepare() first")
-        checkpoint = self._read(filename, map_location, verify_checksums)
-        states = self.states(resume_optimizer, resume_param_scheduler)
-        self._check_resumable(filename, checkpoint, states, resume_optimizer)
-        if callback is not None:
-            callback(checkpoint)
-        for key, entry in states.items():
-            entry.load_state_dict(checkpoint.pop(key))
-        meta = checkpoint.get("meta", {})
-        self._restore_randomness(meta)
-        self.retention.restore(meta.get("kept_checkpoints"), self.find(filename))
-        s.logger.info("Resumed from %s", filename)
-        return checkpoint
-
-    def _check_resumable(
-        self, filename: Any, checkpoint: dict[str, Any], states: Mapping[str, State], optim: bool
-    ) -> None:
-        """Refuse a resume that could not be whole: a state absent from the checkpoint, or
-        one that does not fit the model, optimizers or schedulers (:mod:`.matching`). Puts the
-        model keys and optimizer states into the shape loading expects."""
-        s = self.strategy
-        if optim and "optimizer" not in states:
+        self._layout("resume()")
+        skip = [OPTIMIZER] * (not resume_optimizer) + [SCHEDULERS] * (not resume_param_scheduler)
+        if resume_optimizer and OPTIMIZER not in self._states:
             raise RuntimeError(
                 "resume_optimizer=True but this strategy has no optimizer wrapper; pass "
                 "optim_wrapper to prepare() or resume(..., resume_optimizer=False)"
             )
-        for key, what, option in (
-            ("optimizer", "optimizer", "resume_optimizer"),
-            ("param_schedulers", "parameter scheduler", "resume_param_scheduler"),
-        ):
-            if key in states and key not in checkpoint:
-                raise KeyError(
-                    f"{filename} has no {what} state; resume with {option}=False to "
-                    "restore the rest of it"
-                )
-        model = unwrap_model(s.model)
-        revised = revise_state_dict_keys(checkpoint["state_dict"], DEFAULT_REVISE_KEYS)
-        checkpoint["state_dict"] = revised
-        fitted, optimizers = dict(checkpoint), None
-        if "optimizer" in states:
-            optimizers = {key: wrapper.optimizer for key, wrapper in s._wrappers().items()}
-            by_name = optimizer_states_by_name(checkpoint["optimizer"], optimizers, model)
-            fitted["optimizer"], checkpoint["optimizer"] = by_name, by_name.get("", by_name)
-        problems = resume_mismatches(
-            fitted,
-            model,
-            optimizers=optimizers,
-            schedulers=s.param_schedulers if "param_schedulers" in states else None,
-        )
+        checkpoint = self.read(filename, map_location, verify_checksums)
+        entries = self._fit(filename, checkpoint, self._selected(skip))
+        if callback is not None:
+            callback(checkpoint)
+        meta = checkpoint.get("meta", {})
+        for key, entry in entries.items():
+            entry.state.load_state_dict(meta if entry.meta else checkpoint.pop(key))
+        self.retention.restore(meta.get("kept_checkpoints"), self.find(filename))
+        self.logger.info("Resumed from %s", filename)
+        return checkpoint
+
+    def _fit(
+        self, filename: Any, checkpoint: dict[str, Any], selected: Mapping[str, _Entry]
+    ) -> dict[str, _Entry]:
+        """The states to load: refuses a resume that could not be whole (a required entry
+        missing, or one its state says does not fit), and puts each entry in the shape its
+        state loads."""
+        hints = {
+            OPTIMIZER: "optimizer state; resume with resume_optimizer=False",
+            SCHEDULERS: "parameter scheduler state; resume with resume_param_scheduler=False",
+        }
+        problems: list[str] = []
+        entries: dict[str, _Entry] = {}
+        for key, entry in selected.items():
+            if entry.meta:
+                entries[key] = entry
+                continue
+            if key not in checkpoint:
+                if entry.required:
+                    hint = hints.get(key, f"{key!r} entry; unregister it")
+                    raise KeyError(f"{filename} has no {hint} to restore the rest of it")
+                continue
+            fit = getattr(entry.state, "fit_state_dict", None)
+            if fit is not None:
+                checkpoint[key], found = fit(checkpoint[key])
+                problems += found
+            entries[key] = entry
         if problems:
             raise CheckpointError(
                 f"refusing to resume from {filename}: it does not fit this run, and nothing was "
                 "loaded:\n  " + "\n  ".join(problems) + "\nTo start a new run from its "
                 "weights, use load_from (it loads the parameters that fit and no optimizer state)"
             )
+        return entries
 
     def load_or_resume(
-        self, *, load_from: Any = None, resume: bool | str = False
+        self,
+        *,
+        load_from: Any = None,
+        resume: bool | str = False,
+        weights_only: bool = False,
+        resume_with: Callable[[str], dict[str, Any]] | None = None,
+        load_with: Callable[[str], dict[str, Any]] | None = None,
     ) -> dict[str, Any] | None:
-        """Resume or load weights by mmengine's rules (:func:`where_to_start`)."""
+        """Resume or load weights by mmengine's rules (:func:`where_to_start`); None when
+        there is nothing to start from. ``weights_only``: the checkpoint a resume would pick
+        gives its weights only (a run with nothing to train). ``resume_with`` and
+        ``load_with`` (default: :meth:`resume` and :meth:`load`) are called with the path (a
+        runner passes its own, which register its states and call its hooks)."""
         resume_from, weights_from = where_to_start(
-            self.strategy.work_dir, load_from=load_from, resume=resume
+            self.work_dir, load_from=load_from, resume=resume
         )
-        if resume_from is not None:
-            self.strategy.logger.info("Resuming from %s", resume_from)
-            return self.resume(resume_from)
-        if weights_from is not None:
-            return self.load(weights_from)
+        if resume_from is not None and not weights_only:
+            self.logger.info("Resuming from %s", resume_from)
+            return (resume_with or self.resume)(resume_from)
+        if resume_from is not None or weights_from is not None:
+            return (load_with or self.load)(resume_from or weights_from)
         if resume:
-            self.strategy.logger.info(
-                "resume=True but %s has no committed checkpoint; starting from scratch",
-                self.strategy.work_dir,
+            self.logger.info(
+                "resume=True but %s has no committed checkpoint: starting from scratch",
+                self.work_dir,
             )
         return None
 
 
-def _has_persistent_buffers(model: nn.Module) -> bool:
-    """Whether the model's state dict holds buffers (which forward may update)."""
-    return any(
-        buffer is not None and name not in module._non_persistent_buffers_set
-        for module in model.modules()
-        for name, buffer in module._buffers.items()
-    )
-
-
-def _is_bare_state_dict(checkpoint: Mapping[str, Any]) -> bool:
+def is_bare_state_dict(checkpoint: Mapping[str, Any]) -> bool:
     """``torch.save(model.state_dict())``: tensors under module keys and nothing else."""
     return bool(checkpoint) and all(isinstance(v, torch.Tensor) for v in checkpoint.values())

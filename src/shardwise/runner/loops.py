@@ -19,7 +19,7 @@ import torch
 
 from shardwise.registry import LOOPS
 
-from .data import start_epoch
+from .data import set_sampler_seed, start_epoch
 
 __all__ = ["BaseLoop", "EpochBasedTrainLoop", "IterBasedTrainLoop", "ValLoop", "TestLoop"]
 
@@ -73,6 +73,19 @@ class _TrainLoop(BaseLoop):
     def data_epoch(self) -> int:
         """The epoch the sampler shuffles for (the epoch of the current batch)."""
         return self._iter // self.epoch_length if not self.by_epoch else self._epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position a checkpoint's ``meta`` records (mmengine's ``epoch`` and ``iter``,
+        with the epoch length it was reached with)."""
+        return dict(epoch=self._epoch, iter=self._iter, epoch_length=self.epoch_length)
+
+    def load_state_dict(self, meta: dict[str, Any]) -> None:
+        """Continue from a checkpoint's ``meta``: the position (:meth:`restore`) and the
+        sampler's seed (the random state is restored first: the strategy's states load before
+        the runner's)."""
+        self.restore(meta.get("epoch", 0), meta.get("iter", 0), meta.get("epoch_length"))
+        set_sampler_seed(self.dataloader, self.runner._data_seed())
+        self.runner.logger.info("Continuing at epoch %d, iteration %d", self.epoch, self.iter)
 
     def restore(self, epoch: int, iteration: int, epoch_length: int | None = None) -> None:
         """Continue from a checkpoint's position: ``epoch`` and ``iteration`` as its ``meta``

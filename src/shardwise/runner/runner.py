@@ -48,11 +48,10 @@ from shardwise.optim import OptimWrapperDict
 from shardwise.registry import HOOKS, LOG_PROCESSORS, LOOPS, RUNNERS, STRATEGIES, VISUALIZERS
 from shardwise.strategies import BaseStrategy
 from shardwise.strategies.base import unwrap_model
-from shardwise.strategies.checkpointer import where_to_start
 from shardwise.visualization import Visualizer
 
 from .checks import check_components, check_config
-from .data import build_dataloader, set_sampler_seed
+from .data import build_dataloader
 from .evaluator import build_evaluator
 from .hooks import Hook
 from .hooks.defaults import DEFAULT_HOOKS, merge_default_hooks, with_preemption
@@ -455,6 +454,23 @@ class Runner:
         return self.strategy.seed
 
     @property
+    def train_loop(self) -> EpochBasedTrainLoop | IterBasedTrainLoop | None:
+        """The training loop: built (with its dataloader) on first use when the runner has a
+        training config, as mmengine's ``Runner.train_loop`` is; None without one. Building
+        it starts no collective, so any rank may be the first to ask."""
+        if self._train_loop is None and self._train_cfg is not None:
+            if self.train_dataloader is None:
+                self.train_dataloader = self._build_dataloader(
+                    self._train_dataloader_cfg, shuffle=True
+                )
+            self._train_loop = self.build_train_loop()
+        return self._train_loop
+
+    @train_loop.setter
+    def train_loop(self, loop: EpochBasedTrainLoop | IterBasedTrainLoop | None) -> None:
+        self._train_loop = loop
+
+    @property
     def epoch(self) -> int:
         return self.train_loop.epoch if self.train_loop is not None else 0
 
@@ -474,23 +490,6 @@ class Runner:
     def val_evaluator(self) -> Any:
         """The validation loop's evaluator (None before the loop is built)."""
         return getattr(self.val_loop, "evaluator", None)
-
-    @property
-    def train_loop(self) -> EpochBasedTrainLoop | IterBasedTrainLoop | None:
-        """The training loop: built (with its dataloader) on first use when the runner has a
-        training config, as mmengine's ``Runner.train_loop`` is; None without one. Building
-        it starts no collective, so any rank may be the first to ask."""
-        if self._train_loop is None and self._train_cfg is not None:
-            if self.train_dataloader is None:
-                self.train_dataloader = self._build_dataloader(
-                    self._train_dataloader_cfg, shuffle=True
-                )
-            self._train_loop = self.build_train_loop()
-        return self._train_loop
-
-    @train_loop.setter
-    def train_loop(self, loop: EpochBasedTrainLoop | IterBasedTrainLoop | None) -> None:
-        self._train_loop = loop
 
     @property
     def test_evaluator(self) -> Any:
@@ -701,49 +700,42 @@ class Runner:
         return _call_model(self.model, _to_device(data, self.strategy.device))
 
     # ------------------------------------------------------------------ checkpoints
+    def _register_states(self) -> None:
+        """Hand the runner's own state objects to the strategy's Checkpointer, after the
+        strategy's (a resume restores the random state before the loop reseeds its sampler):
+        the training loop's position (``meta``'s ``epoch``, ``iter``, ``epoch_length``; the
+        data position follows from it) and the message hub."""
+        checkpointer = self.strategy.checkpointer
+        if self.optim_wrapper is not None:  # in train()
+            checkpointer.register("loop", self.train_loop, meta=True)
+        checkpointer.register("message_hub", self.message_hub, required=False)
+
     def load_or_resume(self) -> dict[str, Any] | None:
         """Resume or load weights as ``resume`` and ``load_from`` say (mmengine's rules),
         once per runner. Without a training loop (``val()``, ``test()``) the checkpoint a
         resume would pick gives its weights only."""
         if self._has_loaded:
             return None
-        resume_from, weights_from = where_to_start(
-            self.work_dir, load_from=self._load_from, resume=self._resume
+        checkpoint = self.strategy.checkpointer.load_or_resume(
+            load_from=self._load_from,
+            resume=self._resume,
+            weights_only=self.optim_wrapper is None,
+            resume_with=self.resume,
+            load_with=self.load_checkpoint,
         )
-        if resume_from is not None and self.optim_wrapper is not None:  # in train()
-            checkpoint = self.resume(resume_from)
-        elif resume_from is not None or weights_from is not None:
-            checkpoint = self.load_checkpoint(resume_from or weights_from)
-        else:
-            if self._resume:
-                self.logger.info(
-                    "resume=True but %s has no committed checkpoint: starting from scratch",
-                    self.work_dir,
-                )
-            return None
-        self._has_loaded = True
+        self._has_loaded = checkpoint is not None
         return checkpoint
 
     def resume(self, filename: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore model, optimizer, schedulers, RNG states, the loop position and the
         message hub from a checkpoint."""
-        checkpoint = self.strategy.resume(filename, callback=self._after_load_callback())
-        meta = checkpoint.get("meta", {})
-        if self._train_loop is not None:
-            self._train_loop.restore(
-                meta.get("epoch", 0), meta.get("iter", 0), meta.get("epoch_length")
-            )
-            set_sampler_seed(self.train_dataloader, self._data_seed())
-        if "message_hub" in checkpoint:
-            self.message_hub.load_state_dict(checkpoint["message_hub"])
-        self.logger.info("Continuing at epoch %d, iteration %d", self.epoch, self.iter)
-        return checkpoint
+        self._register_states()
+        return self.strategy.checkpointer.resume(filename, callback=self._after_load_callback())
 
     def load_checkpoint(self, filename: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
         """Load the model weights of a checkpoint (``strict``, ``revise_keys``,
         ``map_location`` as the strategy's ``load_checkpoint``)."""
-        self.logger.info("Loading weights from %s", filename)
-        return self.strategy.load_checkpoint(
+        return self.strategy.checkpointer.load(
             filename, callback=self._after_load_callback(), **kwargs
         )
 
@@ -780,14 +772,13 @@ class Runner:
         else:
             position = dict(epoch=self.epoch, iter=self.iter + 1)
         full_meta = {**position, **dict(meta or {})}
-        if self._train_loop is not None:
-            full_meta["epoch_length"] = self.train_loop.epoch_length
         full_meta.update(cfg=self.cfg.pretty_text, experiment_name=self.experiment_name)
-        return self.strategy.save_checkpoint(
+        self._register_states()
+        return self.strategy.checkpointer.save(
             filename,
             save_optimizer=save_optimizer,
             save_param_scheduler=save_param_scheduler,
-            extra_ckpt=dict(meta=full_meta, message_hub=self.message_hub.state_dict()),
+            extra_ckpt=dict(meta=full_meta),
             callback=self._before_save_callback,
             async_save=async_save,
             max_keep_ckpts=max_keep_ckpts,

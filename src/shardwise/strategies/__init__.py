@@ -2,12 +2,11 @@
 
 from .base import BaseStrategy
 from .ddp import DDPStrategy, ShardwiseDistributedDataParallel
-from .fsdp import FSDPStrategy, fully_shard_model, rebuild_optimizer, shard_model
+from .fsdp import FSDPStrategy, fully_shard_model, rebuild_optimizer
 from .fsdp_config import FSDPConfig, parse_model_wrapper, parse_state_dict_cfg
 from .mesh import Degrees, build_device_mesh, resolve_degrees
 from .parallelize import (
     apply_activation_checkpointing,
-    apply_fsdp,
     materialize_model,
     select_modules_to_shard,
 )
@@ -28,7 +27,6 @@ __all__ = [
     "resolve_degrees",
     "resolve_styles",
     "apply_activation_checkpointing",
-    "apply_fsdp",
     "build_device_mesh",
     "fully_shard_model",
     "materialize_model",
@@ -37,7 +35,6 @@ __all__ = [
     "rebuild_optimizer",
     "revert_sync_batchnorm",
     "select_modules_to_shard",
-    "shard_model",
     "build_strategy",
 ]
 

@@ -25,7 +25,10 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from shardwise import dist
-from shardwise.checkpoint.formats import FULL, CheckpointFormat, read_checkpoint
+from shardwise.checkpoint.checkpointer import DEFAULT_REVISE_KEYS, Checkpointer, Layout
+from shardwise.checkpoint.formats import FULL
+from shardwise.checkpoint.retention import check_max_keep_ckpts
+from shardwise.checkpoint.states import RandomState
 from shardwise.env import collect_env, set_random_seed
 from shardwise.logging import get_logger
 from shardwise.optim import OptimWrapper, OptimWrapperDict
@@ -45,17 +48,8 @@ from .building import (
     scale_lr,
     set_up_environment,
 )
-from .checkpointer import DEFAULT_REVISE_KEYS, Checkpointer
 from .matching import unwrap_model
-from .state_dicts import (
-    fitting_model_state,
-    get_optim_state,
-    load_model_state,
-    load_optim_states,
-    load_scheduler_states,
-    map_schedulers,
-    model_state,
-)
+from .states import ModelState, OptimizersState, RunInfo, SchedulersState
 
 __all__ = ["BaseStrategy"]
 
@@ -103,12 +97,7 @@ class BaseStrategy:
     ) -> None:
         check_keywords(type(self), unknown)
         check_flags(async_save=async_save, verify_checksums=verify_checksums)
-        self._checkpointer = Checkpointer(
-            self,
-            async_save=async_save,
-            max_keep_ckpts=max_keep_ckpts,
-            verify_checksums=verify_checksums,
-        )
+        check_max_keep_ckpts(max_keep_ckpts)
         self._auto_scale_lr = check_auto_scale_lr(auto_scale_lr)
         self._env_kwargs = dict(env_kwargs or {})
         self._work_dir = Path(work_dir).absolute()
@@ -117,6 +106,13 @@ class BaseStrategy:
         self._log_dir = self._work_dir / self._timestamp
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self.logger = self.build_logger(**(log_kwargs or {}))
+        self._checkpointer = Checkpointer(
+            self._work_dir,
+            async_save=async_save,
+            max_keep_ckpts=max_keep_ckpts,
+            verify_checksums=verify_checksums,
+            logger=self.logger,
+        )
         self.dispatch_kwargs: dict[str, Any] = {}
         self._prepared = False
 
@@ -257,6 +253,7 @@ class BaseStrategy:
             self._initialize_accumulation()
         if param_scheduler is not None:
             self.param_schedulers = self.build_param_scheduler(param_scheduler, self.optim_wrapper)
+        self._register_states()
         self._prepared = True
         return self._prepared_components()
 
@@ -388,7 +385,7 @@ class BaseStrategy:
         """A pre-built scheduler as kept (a sharding strategy rebinds it to its optimizer)."""
         return scheduler
 
-    # ------------------------------------------------------------------ state dicts
+    # ------------------------------------------------------------------ state
     def _state_dict_options(self, **overrides: Any) -> StateDictOptions:
         """How this strategy's state is taken: here full tensors on the CPU."""
         return StateDictOptions(**{**_FULL.__dict__, **overrides})
@@ -397,20 +394,61 @@ class BaseStrategy:
         """How ``state`` (model or per-parameter optimizer state) is put back."""
         return self._state_dict_options()
 
+    def _offload(self, state: Any) -> Any:
+        """What is done to a state dict once taken (here nothing)."""
+        return state
+
+    def _checkpoint_layout(self) -> Layout:
+        """What the Checkpointer is told: the format saves write (here :data:`FULL`), read
+        whole onto plain tensors."""
+        return Layout(FULL, device=self.device, rank=self.rank)
+
+    def _register_states(self) -> None:
+        """Hand the prepared model, optimizers, schedulers and random state to the
+        Checkpointer as state objects, with this strategy's layout."""
+        checkpointer = self._checkpointer
+        checkpointer.layout = self._checkpoint_layout()
+        options = dict(options=self._state_dict_options, load_options=self._load_options)
+        checkpointer.register(
+            "state_dict", ModelState(self.model, logger=self.logger, post=self._offload, **options)
+        )
+        if hasattr(self, "optim_wrapper"):
+            wrappers = OptimizersState(self.model, self._wrappers, post=self._offload, **options)
+            checkpointer.register("optimizer", wrappers)
+        if hasattr(self, "param_schedulers"):
+            checkpointer.register("param_schedulers", SchedulersState(self._schedulers))
+        randomness = RandomState(lambda: self.randomness, self._reseed, self.logger)
+        checkpointer.register("randomness", randomness, meta=True)
+        checkpointer.register("run", RunInfo(self), meta=True)
+
+    def _schedulers(self) -> Any:
+        return self.param_schedulers
+
+    def _reseed(self, seed: int) -> None:
+        self._set_randomness(**{**self.randomness, "seed": seed})
+
+    def _state(self, key: str) -> Any:
+        if key not in self._checkpointer.states:
+            raise RuntimeError(
+                f"the strategy has no {key!r} state yet: call prepare() first"
+                + (" with optim_wrapper" if key == "optimizer" else "")
+                + (" with param_scheduler" if key == "param_schedulers" else "")
+            )
+        return self._checkpointer.states[key]
+
     def model_state_dict(self) -> dict[str, Any]:
-        """The model's full state dict on the CPU, keyed as the plain module's keys."""
-        return model_state(self.model, self._state_dict_options())
+        """The model's state dict in the checkpoint format (here full tensors on the CPU),
+        keyed as the plain module's keys."""
+        return self._state("state_dict").state_dict()
 
     def optim_state_dict(self) -> dict[str, Any]:
         """The optimizer state keyed by parameter name (a dict of them for several
         optimizers), with the wrapper's own state (e.g. the loss scaler)."""
-        options = self._state_dict_options()
-        states = {n: get_optim_state(self.model, w, options) for n, w in self._wrappers().items()}
-        return states[SINGLE] if SINGLE in states else states
+        return self._state("optimizer").state_dict()
 
     def scheduler_state_dict(self) -> list[dict[str, Any]] | dict[str, list[dict[str, Any]]]:
         """Each scheduler's state, in order (per optimizer name for several optimizers)."""
-        return map_schedulers(lambda s: s.state_dict(), self.param_schedulers)
+        return self._state("param_schedulers").state_dict()
 
     def load_model_state_dict(
         self,
@@ -426,39 +464,29 @@ class BaseStrategy:
         unexpected key is an error naming them, raised before anything is loaded; otherwise
         they, and tensors whose shape differs from the model's, are skipped with a warning.
         """
-        usable = fitting_model_state(
-            state_dict, unwrap_model(self.model), strict, revise_keys, self.logger
+        self._state("state_dict").load_state_dict(
+            state_dict, strict=strict, revise_keys=revise_keys
         )
-        load_model_state(self.model, usable, self._load_options(usable))
 
     def load_optim_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load what :meth:`optim_state_dict` returned."""
-        load_optim_states(self.model, self._wrappers(), state_dict, self._load_options)
+        self._state("optimizer").load_state_dict(state_dict)
 
     def load_scheduler_state_dict(self, state_dict: Any) -> None:
         """Load what :meth:`scheduler_state_dict` returned."""
-        load_scheduler_states(self.param_schedulers, state_dict)
+        self._state("param_schedulers").load_state_dict(state_dict)
 
     # ------------------------------------------------------------------ checkpoints
     @property
     def checkpointer(self) -> Checkpointer:
-        """What saves, loads and resumes this strategy's state
-        (:class:`~shardwise.strategies.checkpointer.Checkpointer`)."""
+        """What saves, loads and resumes this strategy's state objects
+        (:class:`~shardwise.checkpoint.checkpointer.Checkpointer`)."""
         return self._checkpointer
-
-    def _checkpoint_format(self) -> CheckpointFormat:
-        """The format :meth:`save_checkpoint` writes (here :data:`FULL`)."""
-        return FULL
-
-    def _read_state(self, path: Path, map_location: Any, verify: bool) -> dict[str, Any]:
-        """Read a checkpoint for this strategy's model: here whole, with plain tensors
-        (sharding strategies read it onto their shards)."""
-        return read_checkpoint(path, map_location=map_location, verify_checksums=verify)
 
     def save_checkpoint(self, filename: str | os.PathLike[str], **kwargs: Any) -> Future | None:
         """Save a checkpoint, committed atomically, in the strategy's format (here the full
         format: one file by rank 0). Keywords (:meth:`Checkpointer.save
-        <shardwise.strategies.checkpointer.Checkpointer.save>`): ``save_optimizer``,
+        <shardwise.checkpoint.checkpointer.Checkpointer.save>`): ``save_optimizer``,
         ``save_param_scheduler``, ``extra_ckpt``, ``callback``, ``async_save`` (returns a
         future once the state is in host memory), ``max_keep_ckpts``, ``series``.
 
@@ -484,7 +512,7 @@ class BaseStrategy:
     def load_checkpoint(self, filename: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
         """Load the model weights of a checkpoint; return the rest of it (``meta``,
         ``optimizer``, extras). Keywords (:meth:`Checkpointer.load
-        <shardwise.strategies.checkpointer.Checkpointer.load>`): ``map_location``
+        <shardwise.checkpoint.checkpointer.Checkpointer.load>`): ``map_location``
         (``'default'``: this strategy's device), ``strict``, ``revise_keys``, ``callback``,
         ``verify_checksums`` (compare the files with their recorded checksums; default on)."""
         return self._checkpointer.load(filename, **kwargs)
@@ -492,7 +520,7 @@ class BaseStrategy:
     def resume(self, filename: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
         """Restore model, optimizer, schedulers, seed and RNG states from a checkpoint, whole
         or not at all. Keywords (:meth:`Checkpointer.resume
-        <shardwise.strategies.checkpointer.Checkpointer.resume>`): ``resume_optimizer``,
+        <shardwise.checkpoint.checkpointer.Checkpointer.resume>`): ``resume_optimizer``,
         ``resume_param_scheduler``, ``map_location``, ``callback``, ``verify_checksums``."""
         return self._checkpointer.resume(filename, **kwargs)
 

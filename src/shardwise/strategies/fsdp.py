@@ -34,13 +34,19 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
 )
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 
 from shardwise import dist
 from shardwise.checkpoint import CheckpointError
 from shardwise.checkpoint.agreement import on_every_rank, on_rank0
-from shardwise.checkpoint.formats import CheckpointFormat, detect_format
+from shardwise.checkpoint.checkpointer import Layout
 from shardwise.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from shardwise.optim.parts import SINGLE, optim_wrapper_parts, part_optimizer
 from shardwise.optim.scheduler import _ParamScheduler
@@ -61,7 +67,6 @@ from .fsdp_config import (
 from .mesh import Degrees, build_device_mesh, data_parallel_mesh, resolve_degrees
 from .parallelize import (
     apply_activation_checkpointing,
-    apply_fsdp,
     clean_name,
     has_meta_tensors,
     materialize_model,
@@ -74,17 +79,22 @@ from .tensor_parallel import (
     resolve_styles,
 )
 
-__all__ = ["FSDPStrategy", "fully_shard_model", "rebuild_optimizer", "shard_model"]
+__all__ = ["FSDPStrategy", "fully_shard_model", "rebuild_optimizer"]
 
 logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------- the sharder
-def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Module:
+def _shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Module:
     """Apply ``fully_shard`` to ``model`` as ``config`` says: to the submodules its wrap
-    policy selects (or the model's ``_no_split_modules``), then to the root.
+    policy selects (or the model's ``_no_split_modules``; children before parents), then to
+    the root.
 
-    Warns when the policy names module classes the model does not have, or selects nothing.
+    ``reshard_after_forward`` applies to the submodules; the root keeps its parameters
+    gathered from forward to backward (torch's default for it, and FSDP1's): resharding it
+    would gather them again as soon as backward starts. Works on a model on the meta device:
+    the shards are meta too until :func:`~.parallelize.materialize_model`. Warns when the
+    policy names module classes the model does not have, or selects nothing.
     """
     policy, named = config.wrap_policy, config.wrap_policy is not None
     no_split = getattr(model, "_no_split_modules", None)
@@ -101,16 +111,19 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Mo
     if isinstance(offload, CPUOffloadPolicy) and mesh.device_type == "cpu":
         logger.info("cpu_offload has nothing to do on a CPU mesh: the shards are on the CPU")
         offload = None
-    ignored = {p for m in config.ignored_modules for p in m.parameters()}
-    return apply_fsdp(
-        model,
-        mesh,
-        modules=modules,
-        mp_policy=config.mp_policy,
-        offload_policy=offload,
+    kwargs: dict[str, Any] = dict(
+        mesh=mesh,
         reshard_after_forward=config.reshard_after_forward,
-        ignored_params=ignored or None,
+        mp_policy=config.mp_policy or MixedPrecisionPolicy(),
+        offload_policy=offload or OffloadPolicy(),
     )
+    ignored = {p for m in config.ignored_modules for p in m.parameters()}
+    if ignored:
+        kwargs["ignored_params"] = ignored
+    for module in modules:
+        fully_shard(module, **kwargs)
+    fully_shard(model, **{**kwargs, "reshard_after_forward": None})
+    return model
 
 
 @MODEL_WRAPPERS.register_module(name=sorted(DEFAULT_SHARDER_NAMES))
@@ -126,7 +139,7 @@ def fully_shard_model(module: nn.Module, *, mesh: DeviceMesh, **model_wrapper: A
         >>> model = fully_shard_model(model, mesh=mesh, auto_wrap_policy={'Block'},
         ...                           sharding_strategy='SHARD_GRAD_OP')
     """
-    return shard_model(module, mesh, parse_model_wrapper(model_wrapper))
+    return _shard_model(module, mesh, parse_model_wrapper(model_wrapper))
 
 
 def _warn_if_selection_misses(
@@ -389,7 +402,7 @@ class FSDPStrategy(BaseStrategy):
         if isinstance(model, FSDPModule):
             self.logger.info("parallelize_fn applied fully_shard itself: not sharding again")
         elif self._sharder_cfg is None:
-            model = shard_model(model, dp_mesh, self._fsdp_config)
+            model = _shard_model(model, dp_mesh, self._fsdp_config)
         else:
             model = MODEL_WRAPPERS.build(
                 self._sharder_cfg, default_args=dict(module=model, mesh=dp_mesh)
@@ -540,15 +553,6 @@ class FSDPStrategy(BaseStrategy):
             return map_tensors(lambda t: t.cpu(), state)
         return state
 
-    def model_state_dict(self) -> dict[str, Any]:
-        """The model's state dict in the checkpoint format: full tensors (``'full'``: on
-        rank 0 only and on the CPU, as ``state_dict_config`` says) or DTensor shards."""
-        return self._offload(super().model_state_dict())
-
-    def optim_state_dict(self) -> dict[str, Any]:
-        """The optimizer state keyed by parameter name, in the checkpoint format."""
-        return self._offload(super().optim_state_dict())
-
     def _load_options(self, state: Any) -> StateDictOptions:
         """DTensors load shard to shard; full tensors are taken from rank 0 (the others may
         hold placeholders)."""
@@ -557,20 +561,17 @@ class FSDPStrategy(BaseStrategy):
         return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
     # ------------------------------------------------------------------ checkpoints
-    def _checkpoint_format(self) -> CheckpointFormat:
-        return self._state_dict.format
-
-    def _read_state(self, path: Path, map_location: Any, verify: bool) -> dict[str, Any]:
-        """Read any format onto the sharded model (the format's ``read_onto``): a full
-        checkpoint by rank 0 only, a sharded one into DTensor shards (DCP reshards to this
-        mesh), a local one as this rank's shards; with ``verify``, the ranks check the
-        checksums of what they read meanwhile, sharing the work, and agree on the outcome."""
-        if not self._prepared:
-            raise RuntimeError(
-                "FSDPStrategy reads a checkpoint onto the sharded model: call prepare() first"
-            )
-        fmt = on_rank0(lambda: detect_format(path))
-        return fmt.read_onto(path, _Placement(self.model, path), verify)
+    def _checkpoint_layout(self) -> Layout:
+        """Saves write the configured format (full tensors gathered on rank 0, DTensor shards
+        or each rank's own); every format is read onto the sharded model (the format's
+        ``read_onto``): a full checkpoint by rank 0 only, a sharded one into DTensor shards
+        (DCP reshards to this mesh), a local one as this rank's shards."""
+        return Layout(
+            self._state_dict.format,
+            placement=lambda path: _Placement(self.model, path),
+            device=self.device,
+            rank=self.rank,
+        )
 
 
 class _Placement:

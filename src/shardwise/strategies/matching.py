@@ -4,10 +4,12 @@ Checked before anything is loaded, so that a load is whole or not at all:
 
 - :func:`state_dict_diff` compares a model state dict with the model (missing and unexpected
   keys, shape mismatches); ``load_checkpoint`` skips what does not fit (or, strict, refuses);
-- :func:`resume_mismatches` lists everything that keeps a resume from continuing the run: a
-  parameter missing, unexpected or of another shape, an optimizer whose parameter groups hold
-  other parameters, a different number of schedulers. A resume refuses the checkpoint when
-  the list is not empty; optimizer moments are never attached to parameters of another shape.
+- :func:`model_mismatches`, :func:`optimizer_mismatches` and :func:`scheduler_mismatches`
+  list what keeps a resume from continuing the run: a parameter missing, unexpected or of
+  another shape, an optimizer whose parameter groups hold other parameters, a different number
+  of schedulers. A resume refuses the checkpoint when any list is not empty (the state objects
+  of :mod:`.states` report them); optimizer moments are never attached to parameters of
+  another shape.
 
 Shapes are global shapes, so the checks agree on every rank whatever the sharding (a DTensor,
 a placeholder on the meta device and a full tensor of one parameter have the same shape).
@@ -29,8 +31,10 @@ from .parallelize import clean_name
 
 __all__ = [
     "StateDictDiff",
+    "model_mismatches",
+    "optimizer_mismatches",
     "optimizer_states_by_name",
-    "resume_mismatches",
+    "scheduler_mismatches",
     "revise_state_dict_keys",
     "state_dict_diff",
     "unwrap_model",
@@ -89,7 +93,9 @@ def _listed(names: Sequence[Any]) -> str:
     return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
 
 
-def _model_mismatches(diff: StateDictDiff, model: nn.Module) -> list[str]:
+def model_mismatches(state_dict: Mapping[str, Any], model: nn.Module) -> list[str]:
+    """What keeps ``state_dict`` (keys revised) from resuming ``model``; empty when it fits."""
+    diff = state_dict_diff(state_dict, model)
     params = {clean_name(n) for n, _ in model.named_parameters()}
     problems = []
     missing = [k for k in diff.missing if k in params]  # a missing buffer only warns
@@ -109,7 +115,7 @@ def optimizer_states_by_name(
     """The saved optimizer state of each of ``optimizers`` (``{'': optimizer}`` for a single
     one, whose state is ``saved`` itself), keyed by parameter name where the checkpoint
     numbers them (mmengine's; see :func:`optimizer_state_by_name`). A state that does not fit
-    its optimizer is left as it is, for :func:`resume_mismatches` to report."""
+    its optimizer is left as it is, for :func:`optimizer_mismatches` to report."""
     states = {"": saved} if "" in optimizers else dict(saved)
     for key, optimizer in optimizers.items():
         if key in states:
@@ -120,9 +126,11 @@ def optimizer_states_by_name(
     return states
 
 
-def _optimizer_mismatches(
+def optimizer_mismatches(
     states: Mapping[str, Any], optimizers: Mapping[str, torch.optim.Optimizer], model: nn.Module
 ) -> list[str]:
+    """What keeps ``states`` (as :func:`optimizer_states_by_name` returns them) from resuming
+    ``optimizers``; empty when they fit."""
     names = {id(p): clean_name(n) for n, p in model.named_parameters()}
     problems = []
     for key, optimizer in optimizers.items():
@@ -149,7 +157,8 @@ def _optimizer_mismatches(
     return problems
 
 
-def _scheduler_mismatches(schedulers: Any, states: Any) -> list[str]:
+def scheduler_mismatches(schedulers: Any, states: Any) -> list[str]:
+    """What keeps the saved ``states`` from resuming ``schedulers``; empty when they fit."""
     if isinstance(schedulers, Mapping):
         if not isinstance(states, Mapping):
             return ["parameter schedulers: one list per optimizer here, a single list saved"]
@@ -158,27 +167,9 @@ def _scheduler_mismatches(schedulers: Any, states: Any) -> list[str]:
             if name not in states:
                 problems.append(f"parameter schedulers of {name!r}: none in the checkpoint")
             else:
-                problems += _scheduler_mismatches(scheduler_list, states[name])
+                problems += scheduler_mismatches(scheduler_list, states[name])
         return problems
     if not isinstance(states, Sequence) or len(states) != len(schedulers):
         saved = len(states) if isinstance(states, Sequence) else "not a list of"
         return [f"parameter schedulers: {saved} in the checkpoint, {len(schedulers)} configured"]
     return []
-
-
-def resume_mismatches(
-    checkpoint: Mapping[str, Any],
-    model: nn.Module,
-    *,
-    optimizers: Mapping[str, torch.optim.Optimizer] | None = None,
-    schedulers: Any = None,
-) -> list[str]:
-    """What keeps ``checkpoint`` (model keys revised; with ``optimizers``, its optimizer
-    states as :func:`optimizer_states_by_name` returns them) from resuming ``model``, its
-    ``optimizers`` and ``schedulers`` (None: not resumed); empty when it fits."""
-    problems = _model_mismatches(state_dict_diff(checkpoint["state_dict"], model), model)
-    if optimizers is not None:
-        problems += _optimizer_mismatches(checkpoint["optimizer"], optimizers, model)
-    if schedulers is not None:
-        problems += _scheduler_mismatches(schedulers, checkpoint["param_schedulers"])
-    return problems

@@ -2,15 +2,15 @@
 
 Each function takes what it needs explicitly and returns the model, as torchtitan's
 ``apply_fsdp`` does; :class:`~shardwise.strategies.FSDPStrategy` strings them together in its
-``_wrap_model`` (the one place where their order is written).
+``_wrap_model`` (the one place where their order is written), with ``fully_shard`` applied by
+:func:`~shardwise.strategies.fully_shard_model`'s rules.
 
 Example::
 
     >>> mesh = build_device_mesh('cpu', Degrees(dp_shard=2))
     >>> with torch.device('meta'):
     ...     model = Transformer()
-    >>> modules = select_modules_to_shard(model, parse_wrap_policy({'Block'}))
-    >>> model = apply_fsdp(model, mesh, modules=modules)
+    >>> model = fully_shard_model(model, mesh=mesh, auto_wrap_policy={'Block'})
     >>> model = materialize_model(model, torch.device('cpu'), seed=0)
 """
 
@@ -26,7 +26,6 @@ import torch
 import torch.distributed as torch_dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from .fsdp_config import WrapPolicy
@@ -34,7 +33,6 @@ from .fsdp_config import WrapPolicy
 __all__ = [
     "CHECKPOINT_PREFIX",
     "apply_activation_checkpointing",
-    "apply_fsdp",
     "clean_name",
     "has_meta_tensors",
     "init_weights",
@@ -125,37 +123,6 @@ def apply_activation_checkpointing(
         return module is not model and bool(check_fn(module))
 
     torch_apply(model, checkpoint_wrapper_fn=wrap, check_fn=selected)
-    return model
-
-
-def apply_fsdp(
-    model: nn.Module,
-    mesh: DeviceMesh,
-    *,
-    modules: Sequence[nn.Module] = (),
-    mp_policy: MixedPrecisionPolicy | None = None,
-    offload_policy: OffloadPolicy | None = None,
-    reshard_after_forward: bool | int = True,
-    ignored_params: set[nn.Parameter] | None = None,
-) -> nn.Module:
-    """``fully_shard`` each of ``modules`` (children before parents), then the root.
-
-    ``reshard_after_forward`` applies to ``modules``; the root keeps its parameters gathered
-    from forward to backward (torch's default for it, and FSDP1's): resharding it would gather
-    them again as soon as backward starts. Works on a model on the meta device: the shards are
-    meta too until :func:`materialize_model`.
-    """
-    kwargs: dict[str, Any] = dict(
-        mesh=mesh,
-        reshard_after_forward=reshard_after_forward,
-        mp_policy=mp_policy or MixedPrecisionPolicy(),
-        offload_policy=offload_policy or OffloadPolicy(),
-    )
-    if ignored_params:
-        kwargs["ignored_params"] = ignored_params
-    for module in modules:
-        fully_shard(module, **kwargs)
-    fully_shard(model, **{**kwargs, "reshard_after_forward": None})
     return model
 
 

@@ -1,0 +1,209 @@
+"""A strategy's state objects (:mod:`shardwise.checkpoint.states`): the model, the optimizers
+(one container for several, as torchtitan's ``OptimizersContainer``), the schedulers, and what
+the strategy records about itself in a checkpoint's ``meta``.
+
+Each takes and puts back its state as the strategy says: the ``StateDictOptions`` it is taken
+with (full tensors on the CPU, or DTensor shards) and loaded with, and what is done to a state
+dict once taken (FSDP's offload of full tensors to the CPU). The mechanics are
+:mod:`.state_dicts`'s; whether a saved entry fits is :mod:`.matching`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+from shardwise.checkpoint.checkpointer import DEFAULT_REVISE_KEYS
+from shardwise.optim import OptimWrapper
+from shardwise.optim.parts import SINGLE
+
+from .matching import (
+    model_mismatches,
+    optimizer_mismatches,
+    optimizer_states_by_name,
+    revise_state_dict_keys,
+    scheduler_mismatches,
+    unwrap_model,
+)
+from .state_dicts import (
+    fitting_model_state,
+    get_optim_state,
+    load_model_state,
+    load_optim_states,
+    load_scheduler_states,
+    map_schedulers,
+    model_state,
+    saved_layout,
+)
+
+__all__ = ["ModelState", "OptimizersState", "RunInfo", "SchedulersState"]
+
+_Options = Callable[[], StateDictOptions]
+_LoadOptions = Callable[[Any], StateDictOptions]
+
+
+def _same(state: Any) -> Any:
+    return state
+
+
+class ModelState:
+    """The model's weights, keyed as the plain module's keys.
+
+    Args:
+        model: the prepared (wrapped, maybe sharded) model.
+        options: the options its state is taken with.
+        load_options: the options a given state is loaded with.
+        logger: where skipped keys are reported.
+        post: applied to the state once taken (e.g. an offload to the CPU).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        options: _Options,
+        load_options: _LoadOptions,
+        logger: Any,
+        post: Callable[[Any], Any] = _same,
+    ) -> None:
+        self.model = model
+        self._options, self._load_options, self._logger, self._post = (
+            options,
+            load_options,
+            logger,
+            post,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._post(model_state(self.model, self._options()))
+
+    def load_state_dict(
+        self,
+        state_dict: Mapping[str, Any],
+        *,
+        strict: bool = False,
+        revise_keys: Sequence[tuple[str, str]] = DEFAULT_REVISE_KEYS,
+    ) -> None:
+        """Load a model state dict. ``revise_keys`` are ``(pattern, replacement)`` regex pairs
+        applied to every key; with ``strict`` any missing or unexpected key is an error naming
+        them, raised before anything is loaded; otherwise they, and tensors whose shape
+        differs from the model's, are skipped with a warning."""
+        usable = fitting_model_state(
+            state_dict, unwrap_model(self.model), strict, revise_keys, self._logger
+        )
+        load_model_state(self.model, usable, self._load_options(usable))
+
+    def fit_state_dict(self, saved: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """The saved keys revised (a ``module.`` prefix dropped), and what keeps them from
+        resuming this model (missing, unexpected, differently shaped)."""
+        revised = revise_state_dict_keys(saved, DEFAULT_REVISE_KEYS)
+        return revised, model_mismatches(revised, unwrap_model(self.model))
+
+    def register_pre_change_hook(self, fn: Callable[[], None]) -> None:
+        """A forward may update persistent buffers (BatchNorm's statistics): ``fn`` first."""
+        if _has_persistent_buffers(self.model):
+            self.model.register_forward_pre_hook(lambda *_: fn())
+
+
+class OptimizersState:
+    """Every optimizer's state keyed by parameter name, with its wrapper's own state (a loss
+    scaler); the state of a single optimizer is the dict itself, several are keyed by name.
+
+    Args:
+        model: the prepared model (parameter names).
+        wrappers: the optimizer wrappers by name (``''`` for a single one).
+        options, load_options, post: as :class:`ModelState`'s.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        wrappers: Callable[[], Mapping[str, OptimWrapper]],
+        *,
+        options: _Options,
+        load_options: _LoadOptions,
+        post: Callable[[Any], Any] = _same,
+    ) -> None:
+        self.model = model
+        self._wrappers, self._options, self._load_options, self._post = (
+            wrappers,
+            options,
+            load_options,
+            post,
+        )
+
+    @property
+    def wrappers(self) -> Mapping[str, OptimWrapper]:
+        return self._wrappers()
+
+    def state_dict(self) -> dict[str, Any]:
+        options = self._options()
+        states = {n: get_optim_state(self.model, w, options) for n, w in self.wrappers.items()}
+        return self._post(states[SINGLE] if SINGLE in states else states)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        load_optim_states(self.model, self.wrappers, state_dict, self._load_options)
+
+    def fit_state_dict(self, saved: Mapping[str, Any]) -> tuple[Any, list[str]]:
+        """The saved state keyed by parameter name where the checkpoint numbers them
+        (mmengine's), and what keeps it from resuming these optimizers."""
+        optimizers = {key: wrapper.optimizer for key, wrapper in self.wrappers.items()}
+        model = unwrap_model(self.model)
+        by_name = optimizer_states_by_name(saved, optimizers, model)
+        return by_name.get(SINGLE, by_name), optimizer_mismatches(by_name, optimizers, model)
+
+    def register_pre_change_hook(self, fn: Callable[[], None]) -> None:
+        """Every optimizer step changes the state in place: ``fn`` first."""
+        for wrapper in self.wrappers.values():
+            wrapper.optimizer.register_step_pre_hook(lambda *_: fn())
+
+
+class SchedulersState:
+    """Each parameter scheduler's state, in order (a dict of lists by optimizer name for
+    several optimizers)."""
+
+    def __init__(self, schedulers: Callable[[], Any]) -> None:
+        self._schedulers = schedulers
+
+    def state_dict(self) -> Any:
+        return map_schedulers(lambda s: s.state_dict(), self._schedulers())
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        load_scheduler_states(self._schedulers(), state_dict)
+
+    def fit_state_dict(self, saved: Any) -> tuple[Any, list[str]]:
+        return saved, scheduler_mismatches(self._schedulers(), saved)
+
+
+class RunInfo:
+    """What a checkpoint's ``meta`` records about the run that saved it (nothing is loaded
+    back): its timestamp, experiment name, world size, strategy, and its mesh and placements
+    (:func:`~.state_dicts.saved_layout`)."""
+
+    def __init__(self, strategy: Any) -> None:
+        self._strategy = strategy
+
+    def state_dict(self) -> dict[str, Any]:
+        s = self._strategy
+        return dict(
+            timestamp=s.timestamp,
+            experiment_name=s.experiment_name,
+            world_size=s.world_size,
+            strategy=type(s).__name__,
+            **saved_layout(s),
+        )
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Nothing to restore: the saving run's facts stay in ``meta``."""
+
+
+def _has_persistent_buffers(model: nn.Module) -> bool:
+    """Whether the model's state dict holds buffers (which forward may update)."""
+    return any(
+        buffer is not None and name not in module._non_persistent_buffers_set
+        for module in model.modules()
+        for name, buffer in module._buffers.items()
+    )
