@@ -23,15 +23,19 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from shardwise import dist
 
-__all__ = ["get_current_logger", "get_logger", "print_log"]
+__all__ = ["get_current_logger", "get_logger", "print_log", "written_above_bar"]
 
 _FORMAT = "%(asctime)s%(rank_tag)s %(levelname)s %(name)s - %(message)s"
 _DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -169,3 +173,78 @@ def print_log(
             "logger must be None, 'silent', 'current', a logger name or a logging.Logger, "
             f"got {type(logger).__name__}."
         )
+
+
+class _AboveBar(logging.Handler):
+    """A console handler's lines, written above a tqdm bar: the bar is cleared, the line
+    written and flushed, then the bar redrawn below it. The level, filters (rank 0 only) and
+    format stay the console handler's."""
+
+    def __init__(self, console: logging.StreamHandler, bar_class: Any) -> None:
+        super().__init__(console.level)
+        self.console, self.bar_class = console, bar_class
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return bool(self.console.filter(record))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stream = self.console.stream
+            line = self.console.format(record) + self.console.terminator
+            with self.bar_class.external_write_mode(file=stream):
+                stream.write(line)
+                stream.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def _is_console(handler: logging.Handler) -> bool:
+    return isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.stderr)
+
+
+@contextlib.contextmanager
+def written_above_bar(
+    bar_class: Any, loggers: Sequence[logging.Logger] | None = None
+) -> Iterator[None]:
+    """While a ``bar_class`` (tqdm) bar is on the terminal, console log lines and Python
+    warnings are written above it, never into it.
+
+    ``loggers`` (default: shardwise's current logger and the root logger): each console
+    handler (a stream handler on stdout or stderr) is swapped for one that clears the bar,
+    writes the line and redraws the bar; put back on exit. ``warnings.showwarning`` is
+    swapped the same way while it is Python's own.
+
+    Example::
+
+        bar = tqdm(total=100)
+        with written_above_bar(tqdm):
+            logger.info('above the bar')
+    """
+    loggers = [get_current_logger(), logging.getLogger()] if loggers is None else loggers
+    swapped: list[tuple[logging.Logger, logging.Handler, logging.Handler]] = []
+    for logger in dict.fromkeys(loggers):  # each once, in order
+        for handler in list(logger.handlers):
+            if _is_console(handler):
+                above = _AboveBar(handler, bar_class)  # type: ignore[arg-type]
+                logger.handlers[logger.handlers.index(handler)] = above
+                swapped.append((logger, handler, above))
+    shown = warnings.showwarning
+    own = shown is getattr(warnings, "_showwarning_orig", None)
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+        stream = sys.stderr if file is None else file
+        text = warnings.formatwarning(message, category, filename, lineno, line)
+        with bar_class.external_write_mode(file=stream):
+            stream.write(text)
+            stream.flush()
+
+    if own:
+        warnings.showwarning = show
+    try:
+        yield
+    finally:
+        if own and warnings.showwarning is show:
+            warnings.showwarning = shown
+        for logger, handler, above in swapped:
+            if above in logger.handlers:
+                logger.handlers[logger.handlers.index(above)] = handler

@@ -3,7 +3,10 @@ metrics file and (when installed) TensorBoard.
 
 What rank 0 writes:
 
-- a tqdm progress bar over all training iterations, with ETA, loss and LR;
+- a tqdm progress bar over all training iterations, with ETA, loss and LR, when stdout and
+  stderr are a terminal (console lines and warnings are written above it, never into it; in
+  a file or a pipe the console lines, which carry the iteration and the ETA, are the
+  progress);
 - every ``interval`` iterations a console line such as
   ``Iter(train) [ 40/600]  lr: 1.0000e-03  eta: 0:01:52  time: 0.2010  data_time: 0.0008
   tokens_per_sec: 20377  loss: 2.4431`` (averages over the iterations since the last line);
@@ -21,12 +24,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from shardwise.logging import written_above_bar
 from shardwise.registry import HOOKS
 from shardwise.visualization import tracked_scalars
 
@@ -47,7 +52,7 @@ class LoggerHook(Hook):
         interval: iterations between console lines and JSON records.
         ignore_last: skip the record of an epoch's last iterations when they do not complete
             an interval (mmengine's meaning); the run's very last iteration is always logged.
-        progress_bar: show a tqdm bar (rank 0 only).
+        progress_bar: show a tqdm bar (rank 0 only, in a terminal or a notebook).
         tensorboard: write TensorBoard scalars; ``None`` means "when it is installed".
         log_metric_by_epoch: label validation lines by epoch in an epoch-based loop.
 
@@ -115,13 +120,14 @@ class LoggerHook(Hook):
         self._hierarchy = bool(getattr(processor, "log_with_hierarchy", False))
 
     def before_train(self, runner) -> None:
-        if runner.rank == 0 and self.progress_bar:
+        if runner.rank == 0 and self.progress_bar and _bar_fits_the_console():
             from tqdm.auto import tqdm
-            from tqdm.contrib.logging import logging_redirect_tqdm
 
-            # console log lines go through tqdm.write, above the bar instead of through it
+            # console lines and warnings are written above the bar, never into it
             self._redirect = contextlib.ExitStack()
-            self._redirect.enter_context(logging_redirect_tqdm([runner.logger], tqdm_class=tqdm))
+            self._redirect.enter_context(
+                written_above_bar(tqdm, [runner.logger, logging.getLogger()])
+            )
             self._bar = tqdm(
                 total=runner.max_iters,
                 initial=runner.iter,
@@ -173,15 +179,22 @@ class LoggerHook(Hook):
         done = runner.iter + 1
         window = max(done - hub.get_info("logger/last_iter", 0), 1)
         hub.update_info("logger/last_iter", done)
+        values = self._values(hub, window)
+        record = {"mode": "train", "iter": done, "epoch": runner.epoch, **values}
+        self._write(record, step=done)
+        self._console(runner, self._train_line(runner, batch_idx, values))
+
+    @staticmethod
+    def _values(hub, window: int) -> dict[str, float]:
+        """The ``train/`` scalars: learning rates as they are now, the rest averaged over the
+        last ``window`` iterations."""
         values = {}
         for key, buffer in hub.log_scalars.items():
             if key.startswith("train/"):
                 name = key[len("train/") :]
                 current = name in _CURRENT or name.endswith(".lr")
                 values[name] = buffer.current() if current else buffer.mean(window)
-        record = {"mode": "train", "iter": done, "epoch": runner.epoch, **values}
-        self._write(record, step=done)
-        self._console(runner, self._train_line(runner, batch_idx, values))
+        return values
 
     def _should_log(self, runner, batch_idx: int) -> bool:
         if self.every_n_train_iters(runner, self.interval):
@@ -252,6 +265,26 @@ class LoggerHook(Hook):
             self._visualizer.add_scalars(scalars, step=step)
 
 
+def _bar_fits_the_console() -> bool:
+    """Whether a bar can be drawn without breaking the console lines: stdout and stderr are
+    both a terminal (a bar redraws itself in place, which a file or a pipe keeps as
+    fragments, and lines sent through a pipe reach the terminal in the middle of the bar),
+    or tqdm draws into a notebook widget."""
+    from tqdm.autonotebook import tqdm
+    from tqdm.std import tqdm as text_tqdm
+
+    if tqdm is not text_tqdm:  # a notebook's widget
+        return True
+    return all(_is_terminal(stream) for stream in (sys.stdout, sys.stderr))
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
 def _check_logger_args(
     interval: Any,
     ignore_last: Any,
@@ -299,12 +332,11 @@ def _check_logger_args(
 
 def _bar_layout() -> dict[str, Any]:
     """tqdm's layout options: the terminal's own size and frequent updates (a height where the
-    terminal reports none, as some CI ptys do, or tqdm hides the bar); an update every 5
-    seconds when writing into a file or a pipe."""
+    terminal reports none, as some CI ptys do, or tqdm hides the bar)."""
     try:
         size = os.get_terminal_size(sys.stderr.fileno())
-    except (OSError, ValueError):  # not a terminal: a short bar, the numbers in full
-        return dict(mininterval=5.0)
+    except (OSError, ValueError):
+        return dict(mininterval=0.2)
     layout: dict[str, Any] = dict(mininterval=0.2)
     if size.columns > 0:
         layout["dynamic_ncols"] = True
