@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 NPROC  ?= 2
 
-.PHONY: install test-install train test test-slow lint bench gpu-check clean
+.PHONY: install test-install train test test-quick test-slow lint bench gpu-check clean
 
 # The install step pins torch first: an unpinned `torch` would pull the CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -35,6 +35,14 @@ lint: test-install
 
 test: lint
 	$(PY) -m pytest -q
+
+# A quick subset (under 2 minutes on 2 cores, where `make test` takes about 13): the
+# quickstart on one process and under torchrun, the README's paths, configs, registries,
+# optimizer wrappers, the commit protocol and the full checkpoint format.
+QUICK_TESTS := tests/test_quickstart.py tests/test_readme.py tests/test_config.py \
+	tests/test_registry.py tests/test_optim_wrapper.py tests/test_commit.py tests/test_full_format.py
+test-quick: test-install
+	$(PY) -m pytest -q $(QUICK_TESTS)
 
 test-slow: test-install
 	$(PY) -m pytest -q -m slow || [ $$? -eq 5 ]  # 5: no slow case collected

@@ -1,10 +1,11 @@
 """What a run prints to the console: log lines and the progress bar never share a line, in a
 terminal (the lines are written above the bar, which is then redrawn) and in a file or a
 pipe (no bar there: the console lines, which carry the iteration and the ETA, are the
-progress)."""
+progress). The first iteration is logged, so that the starting loss is on the console."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -111,3 +112,18 @@ def test_in_a_file_or_pipe_the_console_lines_are_the_progress(tmp_path):
             or line.strip().startswith("warnings.warn(")
         ), line
 
+
+def test_the_first_iteration_is_on_the_console_and_the_records_are_mmengines(tmp_path, capsys):
+    """Iteration 1's line shows the starting loss; the metrics file keeps mmengine's records
+    (every ``interval`` iterations and the last), their windows unchanged."""
+    from tests.console_run import main
+
+    with pytest.warns(UserWarning, match="iteration 7"):
+        main(str(tmp_path))
+    stdout = capsys.readouterr().out
+    first = next(line for line in stdout.splitlines() if "Iter(train) [ 1/40]" in line)
+    (metrics,) = tmp_path.glob("*/metrics.jsonl")
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["iter"] for r in records] == [10, 20, 30, 40]
+    starting_loss = float(first.split("loss: ")[1].split()[0])
+    assert starting_loss > records[0]["loss"]  # the loss at iteration 1, above the later means

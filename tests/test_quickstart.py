@@ -1,4 +1,5 @@
-"""The README's quickstart runs as written: one process, and two ranks under real torchrun."""
+"""The README's quickstart is examples/quickstart.py and runs as written: one process, and two
+ranks under real torchrun."""
 
 import subprocess
 import sys
@@ -44,11 +45,24 @@ def test_quickstart_trains_with_ddp_under_torchrun(tmp_path):
     assert len(checkpoint["meta"]["rng_states"]) == 2
 
 
+def _readme_block() -> str:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    return readme.split("## Quickstart", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_quickstart_block_is_examples_quickstart_byte_for_byte():
+    script = (REPO / "examples" / "quickstart.py").read_bytes()
+    assert _readme_block().encode("utf-8") == script
+
+
 def test_the_readme_quickstart_block_runs(tmp_path):
-    readme = (REPO / "README.md").read_text()
-    block = readme.split("## Quickstart", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     proc = subprocess.run(
-        [sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _readme_block()],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "work_dirs" / "demo" / "iter_100.pth").is_file()
+    assert " step 1  loss " in proc.stdout  # the starting loss is logged
+    assert (tmp_path / "work_dirs" / "quickstart" / "iter_100.pth").is_file()

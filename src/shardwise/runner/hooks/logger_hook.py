@@ -7,6 +7,8 @@ What rank 0 writes:
   stderr are a terminal (console lines and warnings are written above it, never into it; in
   a file or a pipe the console lines, which carry the iteration and the ETA, are the
   progress);
+- the first iteration of a run that starts from scratch, on the console only (the starting
+  loss; the records below stay mmengine's);
 - every ``interval`` iterations a console line such as
   ``Iter(train) [ 40/600]  lr: 1.0000e-03  eta: 0:01:52  time: 0.2010  data_time: 0.0008
   tokens_per_sec: 20377  loss: 2.4431`` (averages over the iterations since the last line);
@@ -175,6 +177,8 @@ class LoggerHook(Hook):
                 postfix["lr"] = f"{hub.get_scalar('train/lr').current():.3e}"
             self._bar.set_postfix(postfix, refresh=False)
         if not self._should_log(runner, batch_idx):
+            if runner.iter == 0:  # a fresh run's first iteration: its starting loss, console only
+                self._console(runner, self._train_line(runner, batch_idx, self._values(hub, 1)))
             return
         done = runner.iter + 1
         window = max(done - hub.get_info("logger/last_iter", 0), 1)
