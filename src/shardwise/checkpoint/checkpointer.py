@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -48,7 +49,15 @@ from .latest import find_last_checkpoint
 from .retention import Retention, check_max_keep_ckpts
 from .states import Stateful
 
-__all__ = ["DEFAULT_REVISE_KEYS", "MODEL", "Checkpointer", "Layout", "where_to_start"]
+__all__ = [
+    "DEFAULT_REVISE_KEYS",
+    "MODEL",
+    "Checkpointer",
+    "Layout",
+    "is_bare_state_dict",
+    "revise_state_dict_keys",
+    "where_to_start",
+]
 
 DEFAULT_REVISE_KEYS = [(r"^module\.", "")]
 
@@ -130,13 +139,13 @@ class Checkpointer:
         self.verify_checksums = verify_checksums
         self.logger = logger or logging.getLogger("shardwise")
         self._states: dict[str, _Entry] = {}
+        self._fenced: set[str] = set()  # states hooked by _fence_staging
         for key, state in (states or {}).items():
             self.register(key, state)
         #: The checkpoints kept under a ``max_keep_ckpts`` limit, by series.
         self.retention = Retention()
         #: Stages asynchronous saves in host memory and writes them in the background.
         self.stager = AsyncCheckpointer()
-        self._fenced: set[str] = set()  # states hooked by _fence_staging
 
     # ------------------------------------------------------------------ states
     def register(
@@ -423,8 +432,8 @@ class Checkpointer:
                 f"{filename} has no {MODEL!r} entry (keys: {sorted(checkpoint)}); it is not "
                 "a shardwise or mmengine checkpoint"
             )
-        model = self._states[MODEL].state
-        model.load_state_dict(checkpoint.pop(MODEL), strict=strict, revise_keys=revise_keys)
+        weights = revise_state_dict_keys(checkpoint.pop(MODEL), revise_keys)
+        self._states[MODEL].state.load_state_dict(weights, strict=strict)
         return checkpoint
 
     @gc_paused()
@@ -525,6 +534,17 @@ class Checkpointer:
                 self.work_dir,
             )
         return None
+
+
+def revise_state_dict_keys(
+    state_dict: Mapping[str, Any], revise_keys: Sequence[tuple[str, str]]
+) -> dict[str, Any]:
+    """``state_dict`` with each ``(pattern, replacement)`` regex applied to every key."""
+    revised = dict(state_dict)
+    for pattern, replacement in revise_keys:
+        regex = re.compile(pattern)
+        revised = {regex.sub(replacement, k): v for k, v in revised.items()}
+    return revised
 
 
 def is_bare_state_dict(checkpoint: Mapping[str, Any]) -> bool:

@@ -48,7 +48,7 @@ from .building import (
     scale_lr,
     set_up_environment,
 )
-from .matching import unwrap_model
+from .matching import revise_state_dict_keys, unwrap_model
 from .states import ModelState, OptimizersState, RunInfo, SchedulersState
 
 __all__ = ["BaseStrategy"]
@@ -464,9 +464,8 @@ class BaseStrategy:
         unexpected key is an error naming them, raised before anything is loaded; otherwise
         they, and tensors whose shape differs from the model's, are skipped with a warning.
         """
-        self._state("state_dict").load_state_dict(
-            state_dict, strict=strict, revise_keys=revise_keys
-        )
+        revised = revise_state_dict_keys(state_dict, revise_keys)
+        self._state("state_dict").load_state_dict(revised, strict=strict)
 
     def load_optim_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load what :meth:`optim_state_dict` returned."""

@@ -17,7 +17,6 @@ a placeholder on the meta device and a full tensor of one parameter have the sam
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from shardwise.checkpoint.checkpointer import revise_state_dict_keys
 from shardwise.checkpoint.mmengine_compat import optimizer_state_by_name
 
 from .parallelize import clean_name
@@ -75,17 +75,6 @@ def state_dict_diff(state_dict: Mapping[str, Any], model: nn.Module) -> StateDic
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The user's module inside a DDP-style wrapper (``.module``), or the model itself."""
     return model.module if isinstance(getattr(model, "module", None), nn.Module) else model
-
-
-def revise_state_dict_keys(
-    state_dict: Mapping[str, Any], revise_keys: Sequence[tuple[str, str]]
-) -> dict[str, Any]:
-    """``state_dict`` with each ``(pattern, replacement)`` regex applied to every key."""
-    revised = dict(state_dict)
-    for pattern, replacement in revise_keys:
-        regex = re.compile(pattern)
-        revised = {regex.sub(replacement, k): v for k, v in revised.items()}
-    return revised
 
 
 def _listed(names: Sequence[Any]) -> str:

@@ -10,7 +10,7 @@ dict once taken (FSDP's offload of full tensors to the CPU). The mechanics are
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch.nn as nn
@@ -80,19 +80,13 @@ class ModelState:
     def state_dict(self) -> dict[str, Any]:
         return self._post(model_state(self.model, self._options()))
 
-    def load_state_dict(
-        self,
-        state_dict: Mapping[str, Any],
-        *,
-        strict: bool = False,
-        revise_keys: Sequence[tuple[str, str]] = DEFAULT_REVISE_KEYS,
-    ) -> None:
-        """Load a model state dict. ``revise_keys`` are ``(pattern, replacement)`` regex pairs
-        applied to every key; with ``strict`` any missing or unexpected key is an error naming
-        them, raised before anything is loaded; otherwise they, and tensors whose shape
-        differs from the model's, are skipped with a warning."""
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = False) -> None:
+        """Load a model state dict (keys as the plain module's: see
+        :func:`~.matching.revise_state_dict_keys`). With ``strict`` any missing or unexpected
+        key is an error naming them, raised before anything is loaded; otherwise they, and
+        tensors whose shape differs from the model's, are skipped with a warning."""
         usable = fitting_model_state(
-            state_dict, unwrap_model(self.model), strict, revise_keys, self._logger
+            state_dict, unwrap_model(self.model), strict, (), self._logger
         )
         load_model_state(self.model, usable, self._load_options(usable))
 

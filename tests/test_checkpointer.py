@@ -1,0 +1,138 @@
+"""The Checkpointer is a collaborator over state objects: any object with ``state_dict()`` /
+``load_state_dict()`` is saved and resumed, whoever registers it, without a strategy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardwise.checkpoint import CheckpointError
+from shardwise.checkpoint.checkpointer import Checkpointer, Layout
+from shardwise.checkpoint.formats import FULL, read_checkpoint
+
+
+class Counter:
+    """A caller's own state: a plain object with torch's Stateful protocol."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self.value = state_dict["value"]
+
+
+class Position(Counter):
+    """A part of ``meta`` (as a runner's loop position is)."""
+
+    def state_dict(self) -> dict[str, int]:
+        return {"iter": self.value}
+
+    def load_state_dict(self, meta: dict[str, int]) -> None:
+        self.value = meta.get("iter", self.value)  # a part of meta copes with its absence
+
+
+def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    loss = model(torch.ones(2, 3)).pow(2).sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _checkpointer(tmp_path, model, optimizer, counter, position) -> Checkpointer:
+    checkpointer = Checkpointer(
+        tmp_path, {"state_dict": model, "optimizer": optimizer}, Layout(FULL)
+    )
+    checkpointer.register("counter", counter)
+    checkpointer.register("position", position, meta=True)
+    return checkpointer
+
+
+def test_plain_torch_objects_and_the_callers_states_save_and_resume(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    counter, position = Counter(), Position()
+    checkpointer = _checkpointer(tmp_path, model, optimizer, counter, position)
+    _step(model, optimizer)
+    counter.value, position.value = 7, 3
+    checkpointer.save("iter_3.pth")
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+
+    on_disk = read_checkpoint(tmp_path / "iter_3.pth")
+    assert on_disk["counter"] == {"value": 7} and on_disk["meta"]["iter"] == 3
+    assert set(on_disk) == {"state_dict", "optimizer", "counter", "meta"}
+
+    _step(model, optimizer)
+    counter.value, position.value = 0, 0
+    rest = checkpointer.resume("iter_3.pth")
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
+    assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], moments)
+    assert (counter.value, position.value) == (7, 3)
+    assert rest["meta"]["format"] == "full"
+
+
+def test_a_resume_without_a_required_entry_loads_nothing(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    Checkpointer(tmp_path, {"state_dict": model}, Layout(FULL)).save("weights.pth")
+    counter = Counter()
+    checkpointer = _checkpointer(tmp_path, model, optimizer, counter, Position())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight.add_(1)
+    with pytest.raises(KeyError, match="has no optimizer state"):
+        checkpointer.resume("weights.pth")
+    assert not torch.equal(model.weight, before["weight"])  # nothing was loaded
+    checkpointer.unregister("counter")
+    checkpointer.resume("weights.pth", resume_optimizer=False)
+    assert torch.equal(model.weight, before["weight"])
+
+
+def test_an_optional_entry_may_be_absent(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    Checkpointer(tmp_path, {"state_dict": model}, Layout(FULL)).save("weights.pth")
+    checkpointer = Checkpointer(tmp_path, {"state_dict": model}, Layout(FULL))
+    counter = Counter()
+    counter.value = 5
+    checkpointer.register("counter", counter, required=False)
+    checkpointer.resume("weights.pth", resume_optimizer=False)
+    assert counter.value == 5  # left as it was
+
+
+def test_a_state_that_does_not_fit_refuses_the_resume_before_anything_loads(tmp_path):
+    class Picky(Counter):
+        def fit_state_dict(self, saved):
+            return saved, [] if saved["value"] > 0 else ["counter: the saved value is not > 0"]
+
+    model = torch.nn.Linear(3, 2)
+    checkpointer = Checkpointer(tmp_path, {"state_dict": model}, Layout(FULL))
+    checkpointer.register("counter", Picky())
+    checkpointer.save("zero.pth")
+    with torch.no_grad():
+        model.weight.zero_()
+    with pytest.raises(CheckpointError, match="the saved value is not > 0"):
+        checkpointer.resume("zero.pth", resume_optimizer=False)
+    assert not model.weight.any()  # the model was not loaded either
+
+
+def test_registering_refuses_what_is_not_stateful_and_the_meta_key(tmp_path):
+    checkpointer = Checkpointer(tmp_path)
+    with pytest.raises(TypeError, match="has no state_dict"):
+        checkpointer.register("seed", 3)
+    with pytest.raises(ValueError, match="meta=True"):
+        checkpointer.register("meta", Counter())
+    with pytest.raises(RuntimeError, match="call prepare"):
+        checkpointer.save("x.pth")
+    assert not list(tmp_path.iterdir())
+
+
+def test_extras_may_not_overwrite_a_registered_entry(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    checkpointer = Checkpointer(tmp_path, {"state_dict": model}, Layout(FULL))
+    with pytest.raises(ValueError, match=r"extra_ckpt keys \['state_dict'\]"):
+        checkpointer.save("x.pth", extra_ckpt={"state_dict": {}})
+    assert not (tmp_path / "x.pth").exists()
