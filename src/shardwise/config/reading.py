@@ -131,23 +131,28 @@ def _base_value(name: str, base_cfg: Any) -> Any:
 
 
 def substitute_base_vars(cfg: Any, placeholders: dict[str, str], base_cfg: dict) -> Any:
-    """A deep copy of ``cfg`` with each placeholder string replaced by the base value it
-    names (that value itself, not a copy, as mmengine)."""
+    """A copy of ``cfg`` with each placeholder string replaced by the base value it names
+    (that value itself, not a copy, as mmengine).
 
-    def substitute(value: Any) -> Any:
-        if isinstance(value, str) and value in placeholders:
-            return _base_value(placeholders[value], base_cfg)
-        if isinstance(value, dict):
-            for key, item in value.items():
-                value[key] = substitute(item)
-            return value
-        if isinstance(value, tuple):
-            return tuple(substitute(item) for item in value)
-        if isinstance(value, list):
-            return [substitute(item) for item in value]
-        return value
-
-    return substitute(copy.deepcopy(cfg))
+    As mmengine's, every container is deep-copied on its own, level by level, so a value the
+    file bound to a name and used in two places becomes two values: a ``_delete_=True`` in
+    it then replaces the base's dict in both places (one shared dict would lose the marker to
+    the first merge, and the second place would merge into the base's keys).
+    """
+    cfg = copy.deepcopy(cfg)
+    if isinstance(cfg, dict):
+        for key, item in cfg.items():
+            if isinstance(item, str) and item in placeholders:
+                cfg[key] = _base_value(placeholders[item], base_cfg)
+            elif isinstance(item, (list, tuple, dict)):
+                cfg[key] = substitute_base_vars(item, placeholders, base_cfg)
+    elif isinstance(cfg, tuple):
+        cfg = tuple(substitute_base_vars(item, placeholders, base_cfg) for item in cfg)
+    elif isinstance(cfg, list):
+        cfg = [substitute_base_vars(item, placeholders, base_cfg) for item in cfg]
+    elif isinstance(cfg, str) and cfg in placeholders:
+        cfg = _base_value(placeholders[cfg], base_cfg)
+    return cfg
 
 
 def _line_of(text: str, pattern: str) -> int:
