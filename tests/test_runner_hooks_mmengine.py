@@ -270,8 +270,6 @@ LOOPS = {
 def _train_then_test(framework, work_dir, loop):
     """train() with validation, then test(), on one runner; the hooks' calls."""
     recorder, modes = framework.recording_hook(), framework.mode_hook()
-    if loop == "iterations":  # runner.epoch and max_epochs: shardwise counts data epochs
-        recorder.positions = ("iter",)  # (mmengine keeps 0 and 1)
     runner = framework.runner(
         work_dir,
         [recorder, modes],

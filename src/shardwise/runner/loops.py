@@ -11,7 +11,6 @@ batches before it.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -85,7 +84,12 @@ class _TrainLoop(BaseLoop):
         the runner's)."""
         self.restore(meta.get("epoch", 0), meta.get("iter", 0), meta.get("epoch_length"))
         set_sampler_seed(self.dataloader, self.runner._data_seed())
-        self.runner.logger.info("Continuing at epoch %d, iteration %d", self.epoch, self.iter)
+        self.runner.logger.info(
+            "Continuing at epoch %d, iteration %d (completed, as the checkpoint's meta and "
+            "shardwise ckpt inspect count them)",
+            self.epoch,
+            self.iter,
+        )
 
     def restore(self, epoch: int, iteration: int, epoch_length: int | None = None) -> None:
         """Continue from a checkpoint's position: ``epoch`` and ``iteration`` as its ``meta``
@@ -199,12 +203,10 @@ class IterBasedTrainLoop(_TrainLoop):
     ) -> None:
         super().__init__(runner, dataloader, val_begin, val_interval)
         self._max_iters = int(max_iters)
-        self._max_epochs = max(1, math.ceil(self._max_iters / self.epoch_length))
-
-    @property
-    def epoch(self) -> int:
-        """The data epoch of the current iteration (mmengine keeps 0 here)."""
-        return self._iter // self.epoch_length
+        # mmengine's numbering: the whole run is one epoch, so ``epoch`` stays 0 (or what a
+        # resumed checkpoint's meta says) and ``max_epochs`` is 1; the sampler's epoch is
+        # ``data_epoch``
+        self._max_epochs = 1
 
     def run(self) -> Any:
         runner = self.runner
