@@ -43,6 +43,7 @@ import torch.nn as nn
 
 import shardwise
 from shardwise import dist, launch_env
+from shardwise.checkpoint import find_last_checkpoint
 from shardwise.config import Config
 from shardwise.optim import OptimWrapperDict
 from shardwise.registry import HOOKS, LOG_PROCESSORS, LOOPS, RUNNERS, STRATEGIES, VISUALIZERS
@@ -163,6 +164,7 @@ class Runner:
         self._load_from = None if load_from is None else str(load_from)
         self._resume = resume
         self._has_loaded = False
+        self._warned_fresh = False  # a run from scratch over committed checkpoints, said once
         self._compile = compile
 
         self.strategy = self.build_strategy(
@@ -724,7 +726,25 @@ class Runner:
             load_with=self.load_checkpoint,
         )
         self._has_loaded = checkpoint is not None
+        if checkpoint is None and self.optim_wrapper is not None:
+            self._warn_of_committed_checkpoints()
         return checkpoint
+
+    def _warn_of_committed_checkpoints(self) -> None:
+        """A run from scratch (no ``resume``, no ``load_from``) in a work_dir that holds
+        committed checkpoints: one warning, on rank 0, naming the newest and ``--resume``."""
+        if self._warned_fresh or self._resume or self._load_from is not None or self.rank != 0:
+            return
+        self._warned_fresh = True
+        newest = find_last_checkpoint(self.work_dir)
+        if newest is not None:
+            self.logger.warning(
+                "%s holds committed checkpoints (the newest: %s) and this run starts from "
+                "scratch: pass --resume (resume=True) to continue from the newest, --load-from "
+                "(load_from) for its weights only, or another work_dir",
+                self.work_dir,
+                newest,
+            )
 
     def resume(self, filename: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore model, optimizer, schedulers, RNG states, the loop position and the
