@@ -105,7 +105,7 @@ class _StateAtStart(Hook):
         self.last_steps = [scheduler.last_step for scheduler in runner.param_schedulers]
         self.epoch, self.iter = runner.epoch, runner.iter
         losses = runner.message_hub.log_scalars.get("train/loss")
-        self.losses = losses.data[0] if losses is not None else []
+        self.losses = losses.data[0].tolist() if losses is not None else []
 
 
 def _assert_tensors_equal(actual: dict[str, Any], expected: dict[str, Any]) -> None:
