@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import lazy_reading, reading
-from .config_dict import ConfigDict, close_keys, keeping_lazy
+from .config_dict import ConfigDict, close_keys, keeping_lazy, merge_a_into_b
 from .dumping import render
 
 __all__ = ["Config", "add_args"]
@@ -172,7 +172,7 @@ class Config:
 
     # mmengine's private helpers, for code written against them
     _file2dict = staticmethod(reading.file2dict)
-    _merge_a_into_b = staticmethod(reading.merge_a_into_b)
+    _merge_a_into_b = staticmethod(merge_a_into_b)
     _dict_to_config_dict = staticmethod(reading.dict_to_config_dict)
     _get_cfg_path = staticmethod(reading.get_cfg_path)
     _substitute_base_vars = staticmethod(reading.substitute_base_vars)
@@ -300,7 +300,7 @@ class Config:
                     node["_delete_"] = True
             _step(existing, last, dotted, parents, allow_list_keys, last=True)
             node[last] = value
-        merged = reading.merge_a_into_b(tree, self._cfg_dict, allow_list_keys=allow_list_keys)
+        merged = merge_a_into_b(tree, self._cfg_dict, allow_list_keys=allow_list_keys)
         reading.strip_delete_keys(merged)
         object.__setattr__(self, "_cfg_dict", merged)
 

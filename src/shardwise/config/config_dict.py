@@ -12,7 +12,7 @@ from typing import Any
 
 from .lazy import LazyAttr, LazyObject, lazy_to_string
 
-__all__ = ["ConfigDict", "keeping_lazy"]
+__all__ = ["ConfigDict", "keeping_lazy", "merge_a_into_b"]
 
 BASE_KEY = "_base_"
 DELETE_KEY = "_delete_"
@@ -52,6 +52,48 @@ def lazy_to_strings(value: Any) -> Any:
     if isinstance(value, (LazyAttr, LazyObject)):
         return lazy_to_string(value)
     return value
+
+
+def merge_a_into_b(a: dict, b: Any, allow_list_keys: bool = False, *, strict: bool = True) -> Any:
+    """``a`` merged into a copy of ``b``: a dict in ``a`` merges into the dict it meets in
+    ``b`` unless it holds ``_delete_=True`` (then it replaces it); other values replace.
+
+    With ``allow_list_keys``, a digit key of ``a`` indexes into a list of ``b``
+    (``{'0': dict(x=1)}`` merges into the list's first item). ``strict`` (mmengine's
+    ``Config._merge_a_into_b``, for ``_base_`` files and ``--cfg-options``) refuses a dict
+    meeting a value that is not one, and new dicts become :class:`ConfigDict`; otherwise
+    (mmengine's ``ConfigDict.merge``) the dict replaces the value, a ``_delete_=True`` in
+    ``a`` itself replaces ``b`` whole, and new dicts are kept as they are. The ``_delete_``
+    keys the merge meets are popped from ``a``.
+    """
+    if not strict and a.pop(DELETE_KEY, False):
+        b = type(b)()
+    b = b.copy()
+    for key, value in a.items():
+        if allow_list_keys and isinstance(b, list) and str(key).isdigit():
+            index = int(key)
+            if index >= len(b):
+                raise KeyError(f"Index {index} exceeds the length of list {b}")
+            if isinstance(value, dict):
+                b[index] = merge_a_into_b(value, b[index], allow_list_keys, strict=strict)
+            else:  # mmengine fails here (``value.items()``); a list item is replaced
+                b[index] = value
+        elif isinstance(value, dict):
+            replace = value.pop(DELETE_KEY, False) or key not in b
+            allowed = (dict, list) if allow_list_keys else dict
+            if not replace and isinstance(b[key], allowed):
+                b[key] = merge_a_into_b(value, b[key], allow_list_keys, strict=strict)
+            elif not replace and strict:
+                raise TypeError(
+                    f"{key}={value} in child config cannot inherit from base because {key} "
+                    f"is a dict in the child config but is of type {type(b[key])} in base "
+                    f"config. You may set `{DELETE_KEY}=True` to ignore the base config."
+                )
+            else:
+                b[key] = ConfigDict(value) if strict else value
+        else:
+            b[key] = value
+    return b
 
 
 class ConfigDict(dict):
@@ -180,25 +222,9 @@ class ConfigDict(dict):
                 self[key] = value
 
     def merge(self, other: dict) -> None:
-        """Merges ``other`` into this dict recursively; ``_delete_=True`` replaces a dict."""
-        missing = object()
-
-        def merge_a_into_b(a: Any, b: Any) -> Any:
-            if not isinstance(a, dict):
-                return b if a is missing else a
-            if not isinstance(b, dict):
-                a.pop(DELETE_KEY, None)
-                return a
-            if a.pop(DELETE_KEY, False):
-                b.clear()
-            keys = list(b.keys()) + list(a.keys())
-            return {
-                key: merge_a_into_b(a.get(key, missing), b.get(key, missing))
-                for key in keys
-                if key != DELETE_KEY
-            }
-
-        merged = merge_a_into_b(copy.deepcopy(other), copy.deepcopy(self))
+        """Merges ``other`` into this dict recursively; ``_delete_=True`` replaces a dict, and a
+        dict replaces a value that is not one (mmengine's ``ConfigDict.merge``)."""
+        merged = merge_a_into_b(copy.deepcopy(other), copy.deepcopy(self), strict=False)
         self.clear()
         for key, value in merged.items():
             self[key] = value

@@ -32,10 +32,10 @@ from typing import Any
 
 import yaml
 
-from .config_dict import BASE_KEY, DELETE_KEY, ConfigDict, close_keys
+from .config_dict import BASE_KEY, DELETE_KEY, ConfigDict, close_keys, merge_a_into_b
 from .lazy_reading import assigns_base, is_lazy_import
 
-__all__ = ["file2dict", "merge_a_into_b", "dict_to_config_dict", "get_cfg_path"]
+__all__ = ["file2dict", "dict_to_config_dict", "get_cfg_path"]
 
 DEPRECATION_KEY = "_deprecation_"
 SUPPORTED_EXTENSIONS = (".py", ".json", ".yaml", ".yml")
@@ -230,41 +230,6 @@ def dict_to_config_dict(cfg: Any, scope: str | None = None, has_scope: bool = Tr
     elif isinstance(cfg, list):
         cfg = [dict_to_config_dict(c, scope, has_scope=has_scope) for c in cfg]
     return cfg
-
-
-def merge_a_into_b(a: dict, b: Any, allow_list_keys: bool = False) -> Any:
-    """``a`` merged into a copy of ``b``: a dict in ``a`` merges into the dict it meets in
-    ``b`` unless it holds ``_delete_=True`` (then it replaces it); other values replace.
-
-    With ``allow_list_keys``, a digit key of ``a`` indexes into a list of ``b``
-    (``{'0': dict(x=1)}`` merges into the list's first item).
-    """
-    b = b.copy()
-    for key, value in a.items():
-        if allow_list_keys and isinstance(b, list) and str(key).isdigit():
-            index = int(key)
-            if index >= len(b):
-                raise KeyError(f"Index {index} exceeds the length of list {b}")
-            if isinstance(value, dict):
-                b[index] = merge_a_into_b(value, b[index], allow_list_keys)
-            else:  # mmengine fails here (``value.items()``); a list item is replaced
-                b[index] = value
-        elif isinstance(value, dict):
-            if key in b and not value.pop(DELETE_KEY, False):
-                allowed = (dict, list) if allow_list_keys else dict
-                if not isinstance(b[key], allowed):
-                    raise TypeError(
-                        f"{key}={value} in child config cannot inherit from base because {key} "
-                        f"is a dict in the child config but is of type {type(b[key])} in base "
-                        f"config. You may set `{DELETE_KEY}=True` to ignore the base config."
-                    )
-                b[key] = merge_a_into_b(value, b[key], allow_list_keys)
-            else:
-                value.pop(DELETE_KEY, None)
-                b[key] = ConfigDict(value)
-        else:
-            b[key] = value
-    return b
 
 
 # ----------------------------------------------------------------------------- one file
