@@ -34,6 +34,7 @@ import torch
 import torch.distributed as torch_dist
 
 from ..dtypes import parse_dtype
+from ..tree import map_with_path
 from .commit import CheckpointCommit, check_replaceable
 from .files import CheckpointError
 from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat
@@ -43,7 +44,6 @@ from .reader import (
     CheckpointReader,
     TensorInfo,
     local_checkpoint_error,
-    map_leaves,
     open_checkpoint,
 )
 from .safetensors_export import export_safetensors, safetensors_header
@@ -130,7 +130,7 @@ def _nbytes(tree: Any) -> int:
             total += leaf.nbytes
         return leaf
 
-    map_leaves(tree, add)
+    map_with_path(add, tree)
     return total
 
 
@@ -149,7 +149,7 @@ def _load_state(
                 return leaf.to(dtype)
             return leaf
 
-        state[MODEL] = map_leaves(state[MODEL], cast)
+        state[MODEL] = map_with_path(cast, state[MODEL])
     return state
 
 

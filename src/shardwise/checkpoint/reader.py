@@ -51,7 +51,6 @@ __all__ = [
     "TensorInfo",
     "is_safetensors_file",
     "local_checkpoint_error",
-    "map_leaves",
     "open_checkpoint",
     "read_safetensors_header",
     "SAFETENSORS_DTYPES",
@@ -123,12 +122,6 @@ class TensorInfo:
         return self.numel * self.dtype.itemsize
 
 
-def map_leaves(tree: Any, fn: Callable[[tuple[str, ...], Any], Any]) -> Any:
-    """``tree`` with every leaf replaced by ``fn(path, leaf)``; a reference to a tensor DCP
-    stores is a leaf."""
-    return map_with_path(fn, tree, is_leaf=is_ref)
-
-
 def _normalize(checkpoint: Any, path: Path) -> dict[str, Any]:
     """A bare ``torch.save(model.state_dict())`` becomes ``{'state_dict': ...}``."""
     if not isinstance(checkpoint, dict):
@@ -175,7 +168,7 @@ class CheckpointReader:
                 found.append(leaf)
             return leaf
 
-        map_leaves(self.skeleton, collect)
+        map_with_path(collect, self.skeleton, is_leaf=is_ref)
         return found
 
     def read(self, info: TensorInfo, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -196,7 +189,7 @@ class CheckpointReader:
                 on_tensor(leaf)
             return tensor
 
-        return map_leaves(self.skeleton if tree is None else tree, fill)
+        return map_with_path(fill, self.skeleton if tree is None else tree, is_leaf=is_ref)
 
 
 # ----------------------------------------------------------------------------- full
@@ -220,7 +213,7 @@ class FullReader(CheckpointReader):
             self._stored[key] = leaf
             return TensorInfo(leaf_path, tuple(leaf.shape), leaf.dtype)
 
-        super().__init__(path, map_leaves(tree, describe), [path.name])
+        super().__init__(path, map_with_path(describe, tree, is_leaf=is_ref), [path.name])
 
     def load(self, tree: Any = None, *, on_tensor: Callable[[TensorInfo], None] | None = None):
         """Through ``torch.load(mmap=True)``: tensors that shared storage still do, and
@@ -238,7 +231,7 @@ class FullReader(CheckpointReader):
                 stored["/".join(leaf_path)] = leaf
             return leaf
 
-        map_leaves(_normalize(whole, self.path), index)
+        map_with_path(index, _normalize(whole, self.path), is_leaf=is_ref)
 
         def fill(_: tuple[str, ...], leaf: Any) -> Any:
             if not isinstance(leaf, TensorInfo):
@@ -247,7 +240,7 @@ class FullReader(CheckpointReader):
                 on_tensor(leaf)
             return stored[leaf.key]
 
-        return map_leaves(self.skeleton if tree is None else tree, fill)
+        return map_with_path(fill, self.skeleton if tree is None else tree, is_leaf=is_ref)
 
     def read(self, info: TensorInfo, out: torch.Tensor | None = None) -> torch.Tensor:
         stored = self._stored[info.key]
@@ -344,7 +337,7 @@ class ShardedReader(CheckpointReader):
             return info
 
         files = sorted({DCP_METADATA, META_FILE} | dcp_files(self.metadata))
-        super().__init__(path, map_leaves(skeleton, describe), files)
+        super().__init__(path, map_with_path(describe, skeleton, is_leaf=is_ref), files)
 
     def read(self, info: TensorInfo, out: torch.Tensor | None = None) -> torch.Tensor:
         return self._load({info.key: info}, {} if out is None else {info.key: out})[info.key]
@@ -360,10 +353,12 @@ class ShardedReader(CheckpointReader):
             return leaf
 
         tree = self.skeleton if tree is None else tree
-        map_leaves(tree, collect)
+        map_with_path(collect, tree, is_leaf=is_ref)
         loaded = self._load(infos)
-        return map_leaves(
-            tree, lambda _, leaf: loaded[leaf.key] if isinstance(leaf, TensorInfo) else leaf
+        return map_with_path(
+            lambda _, leaf: loaded[leaf.key] if isinstance(leaf, TensorInfo) else leaf,
+            tree,
+            is_leaf=is_ref,
         )
 
     def _load(
