@@ -45,6 +45,7 @@ from .async_save import AsyncCheckpointer
 from .commit import CheckpointCommit
 from .files import CheckpointError
 from .formats import CheckpointFormat, Placement, detect_format, read_checkpoint
+from .full import is_bare_state_dict
 from .latest import find_last_checkpoint
 from .retention import Retention, check_max_keep_ckpts
 from .states import Stateful
@@ -54,7 +55,6 @@ __all__ = [
     "MODEL",
     "Checkpointer",
     "Layout",
-    "is_bare_state_dict",
     "revise_state_dict_keys",
     "where_to_start",
 ]
@@ -545,8 +545,3 @@ def revise_state_dict_keys(
         regex = re.compile(pattern)
         revised = {regex.sub(replacement, k): v for k, v in revised.items()}
     return revised
-
-
-def is_bare_state_dict(checkpoint: Mapping[str, Any]) -> bool:
-    """``torch.save(model.state_dict())``: tensors under module keys and nothing else."""
-    return bool(checkpoint) and all(isinstance(v, torch.Tensor) for v in checkpoint.values())

@@ -34,7 +34,13 @@ import torch
 
 from ..tree import map_tensors
 from .files import CheckpointError
-from .full import WrittenFile, check_torch_file, load_full_checkpoint, save_full_checkpoint
+from .full import (
+    WrittenFile,
+    check_torch_file,
+    is_bare_state_dict,
+    load_full_checkpoint,
+    save_full_checkpoint,
+)
 from .local import load_local_checkpoint, local_ranks, save_local_checkpoint
 from .manifest import ChecksumCheck, checksums_checked, recorded_files
 from .sharded import (
@@ -345,7 +351,7 @@ class _TensorSpec:
 def _skeleton(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """``checkpoint`` with a :class:`_TensorSpec` for every model and optimizer tensor (every
     tensor of a bare state dict)."""
-    if checkpoint and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
+    if is_bare_state_dict(checkpoint):
         return {k: _TensorSpec(v) for k, v in checkpoint.items()}
     return {
         k: map_tensors(_TensorSpec, v) if k in ("state_dict", "optimizer") else v

@@ -13,6 +13,7 @@ import ctypes
 import os
 import pickle
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -25,10 +26,17 @@ from .mmengine_compat import mmengine_safe_globals, mmengine_to_plain
 __all__ = [
     "HashingWriter",
     "check_torch_file",
+    "is_bare_state_dict",
     "WrittenFile",
     "load_full_checkpoint",
     "save_full_checkpoint",
 ]
+
+
+def is_bare_state_dict(checkpoint: Mapping[str, Any]) -> bool:
+    """Whether ``checkpoint`` is a bare ``torch.save(model.state_dict())``: tensors under
+    module keys and nothing else (no ``'state_dict'``, ``'meta'``, ... entries)."""
+    return bool(checkpoint) and all(isinstance(v, torch.Tensor) for v in checkpoint.values())
 
 
 class WrittenFile(NamedTuple):

@@ -38,7 +38,7 @@ import torch.distributed.checkpoint as dcp
 from ..tree import map_with_path
 from .files import CheckpointError
 from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat, detect_format
-from .full import load_full_checkpoint
+from .full import is_bare_state_dict, load_full_checkpoint
 from .local import local_ranks, rank_file
 from .safe_dcp import SafeFileSystemReader
 from .sharded import DCP_METADATA, META_FILE, REF, is_ref
@@ -126,11 +126,7 @@ def _normalize(checkpoint: Any, path: Path) -> dict[str, Any]:
     """A bare ``torch.save(model.state_dict())`` becomes ``{'state_dict': ...}``."""
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"{path} holds a {type(checkpoint).__name__}, not a checkpoint dict")
-    if (
-        MODEL not in checkpoint
-        and checkpoint
-        and all(isinstance(v, torch.Tensor) for v in checkpoint.values())
-    ):
+    if MODEL not in checkpoint and is_bare_state_dict(checkpoint):
         return {MODEL: checkpoint}
     return checkpoint
 
