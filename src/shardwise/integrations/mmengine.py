@@ -1,13 +1,23 @@
 """shardwise's strategies in mmengine's ``FlexibleRunner``.
 
-Importing this module registers three strategies in mmengine's ``STRATEGIES`` registry, under
-names that cannot clash with mmengine's own ``'DDPStrategy'`` and ``'FSDPStrategy'``:
+Importing this module registers four strategies in mmengine's ``STRATEGIES`` registry, under
+names that cannot clash with mmengine's own ``'DDPStrategy'``, ``'FSDPStrategy'`` and
+``'DeepSpeedStrategy'`` (mmengine registers its DeepSpeedStrategy whether or not DeepSpeed is
+installed; it needs DeepSpeed only when built):
 
 =================================  ===================================================
 ``'ShardwiseSingleDeviceStrategy'``  :class:`~shardwise.strategies.SingleDeviceStrategy`
 ``'ShardwiseDDPStrategy'``           :class:`~shardwise.strategies.DDPStrategy`
 ``'ShardwiseFSDPStrategy'``          :class:`~shardwise.strategies.FSDPStrategy` (FSDP2)
+``'ShardwiseDeepSpeedStrategy'``     :class:`~shardwise.strategies.DeepSpeedStrategy`
+                                   (mmengine's DeepSpeed keywords, trained by FSDP2)
 =================================  ===================================================
+
+A DeepSpeed config moves over by renaming its strategy type only:
+``strategy=dict(type='ShardwiseDeepSpeedStrategy', zero_optimization=dict(stage=3), ...)``
+with ``optim_wrapper=dict(type='DeepSpeedOptimWrapper', optimizer=...)``; the strategy
+builds the optimizer wrapper the DeepSpeed config asks for (shardwise's ``OptimWrapper`` or
+``AmpOptimWrapper``), so mmengine's ``DeepSpeedOptimWrapper`` is never built.
 
 An mmengine config switches to them with its usual keys; the strategy's own keywords are
 shardwise's (``model_wrapper``, ``state_dict_cfg``, ``async_save``, ``max_keep_ckpts``...)::
@@ -62,11 +72,12 @@ from mmengine.registry import OPTIMIZERS as MMENGINE_OPTIMIZERS
 
 from shardwise import dist
 from shardwise.registry import OPTIMIZERS
-from shardwise.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
+from shardwise.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, SingleDeviceStrategy
 
 __all__ = [
     "FlexibleRunnerStrategy",
     "ShardwiseDDPStrategy",
+    "ShardwiseDeepSpeedStrategy",
     "ShardwiseFSDPStrategy",
     "ShardwiseSingleDeviceStrategy",
     "message_hub_to_mmengine",
@@ -245,3 +256,10 @@ class ShardwiseDDPStrategy(FlexibleRunnerStrategy, DDPStrategy):
 class ShardwiseFSDPStrategy(FlexibleRunnerStrategy, FSDPStrategy):
     """shardwise's :class:`~shardwise.strategies.FSDPStrategy` (FSDP2) for ``FlexibleRunner``:
     ``strategy=dict(type='ShardwiseFSDPStrategy', state_dict_cfg='sharded')``."""
+
+
+@STRATEGIES.register_module()
+class ShardwiseDeepSpeedStrategy(FlexibleRunnerStrategy, DeepSpeedStrategy):
+    """shardwise's :class:`~shardwise.strategies.DeepSpeedStrategy` (mmengine's DeepSpeed
+    keywords or ``config='ds_config.json'``, trained by FSDP2) for ``FlexibleRunner``:
+    ``strategy=dict(type='ShardwiseDeepSpeedStrategy', zero_optimization=dict(stage=2))``."""

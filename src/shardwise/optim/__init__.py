@@ -16,6 +16,7 @@ from .constructor import (
     DefaultOptimWrapperConstructor,
     build_optim_wrapper,
 )
+from .deepspeed_optim_wrapper import DeepSpeedOptimWrapper
 from .optim_wrapper import OptimWrapper, clip_grad_norm_
 from .optim_wrapper_dict import OptimWrapperDict
 from .scheduler import *  # noqa: F401,F403
@@ -24,6 +25,7 @@ __all__ = [
     "BaseOptimWrapper",
     "OptimWrapper",
     "AmpOptimWrapper",
+    "DeepSpeedOptimWrapper",
     "OptimWrapperDict",
     "DefaultOptimizerConstructor",
     "DefaultOptimWrapperConstructor",

@@ -103,7 +103,8 @@ def check_config(
     world = world_size or int(os.environ.get("WORLD_SIZE", "1") or 1)
     local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world
     _check_strategy(cfg.get("strategy"), world, local)
-    optimizer = _check_optim_wrapper(cfg.get("optim_wrapper"), "optim_wrapper")
+    optim_wrapper = _as_strategy_builds_it(cfg.get("strategy"), cfg.get("optim_wrapper"), world)
+    optimizer = _check_optim_wrapper(optim_wrapper, "optim_wrapper")
     if optimizer is not None and cfg.get("param_scheduler") is not None:
         _check_schedulers(cfg["param_scheduler"], optimizer, cfg.get("train_cfg") or {})
 
@@ -116,6 +117,20 @@ def _check_strategy(strategy: Any, world_size: int, local_size: int) -> None:
     if isinstance(cls, type) and hasattr(cls, "check_config"):
         with at("strategy"):
             cls.check_config(strategy, world_size=world_size, local_world_size=local_size)
+
+
+def _as_strategy_builds_it(strategy: Any, optim_wrapper: Any, world_size: int) -> Any:
+    """The ``optim_wrapper`` config as the strategy will build it: a strategy with
+    ``translate_optim_wrapper_config`` (DeepSpeedStrategy: its config's precision, clipping,
+    accumulation and optimizer section) rewrites it, refusing what disagrees."""
+    if not isinstance(strategy, Mapping):
+        return optim_wrapper
+    cls = STRATEGIES.resolve(strategy.get("type", "SingleDeviceStrategy"))
+    translate = getattr(cls, "translate_optim_wrapper_config", None)
+    if translate is None:
+        return optim_wrapper
+    with at("optim_wrapper"):
+        return translate(strategy, optim_wrapper, world_size)
 
 
 def _check_numbers(fn: Any, kwargs: Mapping[str, Any], key: str) -> None:

@@ -1,7 +1,8 @@
-"""Strategies: where and how a model trains (one device, DDP, FSDP2)."""
+"""Strategies: where and how a model trains (one device, DDP, FSDP2; DeepSpeed configs on FSDP2)."""
 
 from .base import BaseStrategy
 from .ddp import DDPStrategy, ShardwiseDistributedDataParallel
+from .deepspeed import DeepSpeedStrategy, deepspeed_to_fsdp
 from .fsdp import FSDPStrategy, fully_shard_model, rebuild_optimizer
 from .fsdp_config import FSDPConfig, parse_model_wrapper, parse_state_dict_cfg
 from .mesh import Degrees, build_device_mesh, resolve_degrees
@@ -18,6 +19,8 @@ __all__ = [
     "SingleDeviceStrategy",
     "DDPStrategy",
     "FSDPStrategy",
+    "DeepSpeedStrategy",
+    "deepspeed_to_fsdp",
     "ShardwiseDistributedDataParallel",
     "FSDPConfig",
     "Degrees",
