@@ -34,6 +34,7 @@ import torch
 import torch.distributed as torch_dist
 
 from shardwise import dist
+from shardwise.tree import map_tensors
 
 __all__ = [
     "capture_rng_state",
@@ -110,7 +111,7 @@ def capture_rng_state() -> dict[str, Any]:
     version, internal, gauss_next = random.getstate()
     state: dict[str, Any] = {
         "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
-        "numpy": _to_basic(np.random.get_state(legacy=False)),
+        "numpy": map_tensors(_to_list, np.random.get_state(legacy=False), kind=_NUMPY),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -141,15 +142,12 @@ def restore_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state(cuda_state.to("cpu", torch.uint8), device=index)
 
 
-def _to_basic(obj: Any) -> Any:
-    """NumPy arrays and scalars → lists and Python numbers; tuples → lists."""
-    if isinstance(obj, dict):
-        return {key: _to_basic(value) for key, value in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_to_basic(value) for value in obj]
-    if isinstance(obj, (np.ndarray, np.generic)):
-        return obj.tolist()
-    return obj
+_NUMPY = (np.ndarray, np.generic)
+
+
+def _to_list(value: np.ndarray | np.generic) -> Any:
+    """A NumPy array or scalar as lists and Python numbers (``weights_only`` loads them)."""
+    return value.tolist()
 
 
 # --------------------------------------------------------------------------- processes
