@@ -1,6 +1,6 @@
 """shardwise's root registries. New registries go here (one line each, with the build function
-and the ``locations`` that register into them), and their names into ``__all__`` here and in
-``shardwise/registry/__init__.py``.
+and the ``locations`` that register into them), and their names into the import and
+``__all__`` of ``shardwise/registry/__init__.py``.
 
 ``locations`` are modules imported by name the first time a registry is looked up (so that
 ``OPTIMIZERS.get('AdamW')`` works without importing ``shardwise.optim`` first); they are not
@@ -11,25 +11,6 @@ from __future__ import annotations
 
 from .build_functions import build_model_from_cfg, build_runner_from_cfg, build_scheduler_from_cfg
 from .registry import Registry
-
-__all__ = [
-    "RUNNERS",
-    "MODELS",
-    "OPTIMIZERS",
-    "OPTIM_WRAPPERS",
-    "OPTIM_WRAPPER_CONSTRUCTORS",
-    "PARAM_SCHEDULERS",
-    "STRATEGIES",
-    "MODEL_WRAPPERS",
-    "FUNCTIONS",
-    "HOOKS",
-    "DATASETS",
-    "LOOPS",
-    "METRICS",
-    "VISBACKENDS",
-    "VISUALIZERS",
-    "LOG_PROCESSORS",
-]
 
 RUNNERS = Registry("runner", build_func=build_runner_from_cfg, locations=["shardwise.runner"])
 MODELS = Registry("model", build_func=build_model_from_cfg)
