@@ -15,8 +15,7 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,9 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from shardwise import dist
-from shardwise.checkpoint.checkpointer import DEFAULT_REVISE_KEYS, Checkpointer, Layout
+from shardwise.checkpoint.checkpointer import Checkpointer, Layout
 from shardwise.checkpoint.formats import FULL
 from shardwise.checkpoint.retention import check_max_keep_ckpts
-from shardwise.checkpoint.states import RandomState
 from shardwise.env import collect_env, set_random_seed
 from shardwise.logging import get_logger
 from shardwise.optim import OptimWrapper, OptimWrapperDict
@@ -48,15 +46,15 @@ from .building import (
     scale_lr,
     set_up_environment,
 )
-from .matching import revise_state_dict_keys, unwrap_model
-from .states import ModelState, OptimizersState, RunInfo, SchedulersState
+from .checkpoints import StrategyCheckpoints
+from .matching import unwrap_model
 
 __all__ = ["BaseStrategy"]
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-class BaseStrategy:
+class BaseStrategy(StrategyCheckpoints):
     """Base class of the strategies; see the module docstring.
 
     Args:
@@ -402,131 +400,3 @@ class BaseStrategy:
         """What the Checkpointer is told: the format saves write (here :data:`FULL`), read
         whole onto plain tensors."""
         return Layout(FULL, device=self.device, rank=self.rank)
-
-    def _register_states(self) -> None:
-        """Hand the prepared model, optimizers, schedulers and random state to the
-        Checkpointer as state objects, with this strategy's layout."""
-        checkpointer = self._checkpointer
-        checkpointer.layout = self._checkpoint_layout()
-        options = dict(options=self._state_dict_options, load_options=self._load_options)
-        checkpointer.register(
-            "state_dict", ModelState(self.model, logger=self.logger, post=self._offload, **options)
-        )
-        if hasattr(self, "optim_wrapper"):
-            wrappers = OptimizersState(self.model, self._wrappers, post=self._offload, **options)
-            checkpointer.register("optimizer", wrappers)
-        if hasattr(self, "param_schedulers"):
-            checkpointer.register("param_schedulers", SchedulersState(self._schedulers))
-        randomness = RandomState(lambda: self.randomness, self._reseed, self.logger)
-        checkpointer.register("randomness", randomness, meta=True)
-        checkpointer.register("run", RunInfo(self), meta=True)
-
-    def _schedulers(self) -> Any:
-        return self.param_schedulers
-
-    def _reseed(self, seed: int) -> None:
-        self._set_randomness(**{**self.randomness, "seed": seed})
-
-    def _state(self, key: str) -> Any:
-        if key not in self._checkpointer.states:
-            raise RuntimeError(
-                f"the strategy has no {key!r} state yet: call prepare() first"
-                + (" with optim_wrapper" if key == "optimizer" else "")
-                + (" with param_scheduler" if key == "param_schedulers" else "")
-            )
-        return self._checkpointer.states[key]
-
-    def model_state_dict(self) -> dict[str, Any]:
-        """The model's state dict in the checkpoint format (here full tensors on the CPU),
-        keyed as the plain module's keys."""
-        return self._state("state_dict").state_dict()
-
-    def optim_state_dict(self) -> dict[str, Any]:
-        """The optimizer state keyed by parameter name (a dict of them for several
-        optimizers), with the wrapper's own state (e.g. the loss scaler)."""
-        return self._state("optimizer").state_dict()
-
-    def scheduler_state_dict(self) -> list[dict[str, Any]] | dict[str, list[dict[str, Any]]]:
-        """Each scheduler's state, in order (per optimizer name for several optimizers)."""
-        return self._state("param_schedulers").state_dict()
-
-    def load_model_state_dict(
-        self,
-        state_dict: Mapping[str, Any],
-        *,
-        strict: bool = False,
-        revise_keys: Sequence[tuple[str, str]] = DEFAULT_REVISE_KEYS,
-    ) -> None:
-        """Load a full (unsharded) model state dict.
-
-        ``revise_keys`` are ``(pattern, replacement)`` regex pairs applied to every key
-        (by default a ``module.`` prefix is dropped). With ``strict=True`` any missing or
-        unexpected key is an error naming them, raised before anything is loaded; otherwise
-        they, and tensors whose shape differs from the model's, are skipped with a warning.
-        """
-        revised = revise_state_dict_keys(state_dict, revise_keys)
-        self._state("state_dict").load_state_dict(revised, strict=strict)
-
-    def load_optim_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load what :meth:`optim_state_dict` returned."""
-        self._state("optimizer").load_state_dict(state_dict)
-
-    def load_scheduler_state_dict(self, state_dict: Any) -> None:
-        """Load what :meth:`scheduler_state_dict` returned."""
-        self._state("param_schedulers").load_state_dict(state_dict)
-
-    # ------------------------------------------------------------------ checkpoints
-    @property
-    def checkpointer(self) -> Checkpointer:
-        """What saves, loads and resumes this strategy's state objects
-        (:class:`~shardwise.checkpoint.checkpointer.Checkpointer`)."""
-        return self._checkpointer
-
-    def save_checkpoint(self, filename: str | os.PathLike[str], **kwargs: Any) -> Future | None:
-        """Save a checkpoint, committed atomically, in the strategy's format (here the full
-        format: one file by rank 0). Keywords (:meth:`Checkpointer.save
-        <shardwise.checkpoint.checkpointer.Checkpointer.save>`): ``save_optimizer``,
-        ``save_param_scheduler``, ``extra_ckpt``, ``callback``, ``async_save`` (returns a
-        future once the state is in host memory), ``max_keep_ckpts``, ``series``.
-
-        Example::
-
-            >>> future = strategy.save_checkpoint('iter_1000.pth', async_save=True)
-            >>> ...  # training goes on while the checkpoint is written
-            >>> strategy.wait_for_checkpoint()  # committed (or CheckpointError)
-        """
-        return self._checkpointer.save(filename, **kwargs)
-
-    def wait_for_checkpoint(self) -> None:
-        """Block until the save in flight (if any) is committed; its failure, on any rank,
-        is raised here as :class:`CheckpointError` on every rank."""
-        self._checkpointer.wait()
-
-    def wait_for_staging(self) -> None:
-        """Block until the asynchronous save in flight has copied the state to host memory.
-        The next optimizer step (and forward, for a model with buffers) calls it; code that
-        changes saved tensors in place before those should call it first."""
-        self._checkpointer.stager.wait_for_staging()
-
-    def load_checkpoint(self, filename: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
-        """Load the model weights of a checkpoint; return the rest of it (``meta``,
-        ``optimizer``, extras). Keywords (:meth:`Checkpointer.load
-        <shardwise.checkpoint.checkpointer.Checkpointer.load>`): ``map_location``
-        (``'default'``: this strategy's device), ``strict``, ``revise_keys``, ``callback``,
-        ``verify_checksums`` (compare the files with their recorded checksums; default on)."""
-        return self._checkpointer.load(filename, **kwargs)
-
-    def resume(self, filename: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
-        """Restore model, optimizer, schedulers, seed and RNG states from a checkpoint, whole
-        or not at all. Keywords (:meth:`Checkpointer.resume
-        <shardwise.checkpoint.checkpointer.Checkpointer.resume>`): ``resume_optimizer``,
-        ``resume_param_scheduler``, ``map_location``, ``callback``, ``verify_checksums``."""
-        return self._checkpointer.resume(filename, **kwargs)
-
-    def load_or_resume(
-        self, *, load_from: str | None = None, resume: bool | str = False
-    ) -> dict[str, Any] | None:
-        """mmengine's rules: ``resume=PATH`` resumes from it; ``resume=True`` from
-        ``load_from`` when given, else from the newest committed checkpoint in ``work_dir``;
-        ``load_from`` alone loads its weights."""
-        return self._checkpointer.load_or_resume(load_from=load_from, resume=resume)
