@@ -286,9 +286,9 @@ def test_degrees_whose_product_is_not_the_world_are_refused():
         resolve_degrees(
             dict(dp_shard=2), mesh_kind="hybrid", replicate_size=2, world_size=4, local_size=4
         )
-    with pytest.raises(ValueError, match=r"unknown keys \['pp'\]"):
+    with pytest.raises(ValueError, match=r"unknown keys \['cp'\]"):
         resolve_degrees(
-            dict(pp=2), mesh_kind="shard", replicate_size=None, world_size=4, local_size=4
+            dict(cp=2), mesh_kind="shard", replicate_size=None, world_size=4, local_size=4
         )
     degrees = resolve_degrees(
         dict(tp=2), mesh_kind="hybrid", replicate_size=2, world_size=8, local_size=8

@@ -72,6 +72,16 @@ from .parallelize import (
     materialize_model,
     select_modules_to_shard,
 )
+from .pipeline import (
+    Pipeline,
+    PipelinePlan,
+    PipelineShardedFormat,
+    StagePart,
+    adopt_stage_parameters,
+    parse_pipeline,
+    plan_pipeline,
+    split_model,
+)
 from .tensor_parallel import (
     TensorParallelPlan,
     apply_tensor_parallel,
@@ -240,6 +250,10 @@ class FSDPStrategy(BaseStrategy):
             model's own plan, e.g. a Hugging Face model's), a dict of module-name patterns to
             styles, or ``parallelize_fn(model, mesh)`` (see
             :mod:`~shardwise.strategies.tensor_parallel`).
+        pipeline: how the model is split into stages when ``pp > 1``:
+            ``dict(split_points=[...], schedule='1F1B', n_microbatches=..., stages_per_rank=...,
+            loss_fn=...)`` (see :mod:`~shardwise.strategies.pipeline`); each stage is then
+            parallelised as a whole model is, and :attr:`pipeline` runs the train step.
         **kwargs: :class:`~shardwise.strategies.BaseStrategy` arguments.
     """
 
@@ -253,10 +267,13 @@ class FSDPStrategy(BaseStrategy):
         train_micro_batch_size_per_gpu: int | None = None,
         parallelism: Mapping[str, int] | None = None,
         tp_plan: Any = None,
+        pipeline: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         _check_own_flags(skip_init_weights, train_micro_batch_size_per_gpu)
         self._tp_plan = parse_tp_plan(tp_plan)
+        self._pipeline_cfg = parse_pipeline(pipeline)
+        self.pipeline: Pipeline | None = None
         self._state_dict = parse_state_dict_cfg(state_dict_cfg)
         self._sharder_cfg, self._fsdp_config = self._parse_model_wrapper(model_wrapper)
         self._activation_checkpointing = parse_activation_checkpointing(activation_checkpointing)
@@ -269,6 +286,9 @@ class FSDPStrategy(BaseStrategy):
         )
         if self._tp_plan is not None and self.degrees.tp == 1:
             self.logger.info("tp_plan is not applied: parallelism has tp=1")
+        _check_pipeline_format(self.degrees, self._state_dict.format.name)
+        if pipeline is not None and self.degrees.pp == 1:
+            self.logger.info("pipeline is not applied: parallelism has pp=1")
         ignored = self._fsdp_config.ignored_fsdp1_keys
         if ignored:
             self.logger.info(
@@ -308,7 +328,10 @@ class FSDPStrategy(BaseStrategy):
         _, fsdp_config = cls._parse_model_wrapper(kwargs.get("model_wrapper"))
         parse_activation_checkpointing(kwargs.get("activation_checkpointing"))
         plan = parse_tp_plan(kwargs.get("tp_plan"))
-        _degrees(fsdp_config, kwargs.get("parallelism"), plan, world_size, local_size)
+        parse_pipeline(kwargs.get("pipeline"))
+        degrees = _degrees(fsdp_config, kwargs.get("parallelism"), plan, world_size, local_size)
+        fmt = parse_state_dict_cfg(kwargs.get("state_dict_cfg", "sharded")).format
+        _check_pipeline_format(degrees, fmt.name)
 
     @property
     def state_dict_type(self) -> Any:
@@ -371,7 +394,10 @@ class FSDPStrategy(BaseStrategy):
 
         0. (:meth:`build_model`) a config is built on the meta device with
            ``skip_init_weights``, a built model is initialised and equal on every rank;
-        1. record parameter names, to rebuild pre-built optimizers by name;
+        1. record parameter names, to rebuild pre-built optimizers by name; with ``pp > 1``
+           check the split (:func:`~.pipeline.plan_pipeline`), build the mesh, and split the
+           model into this rank's stages (:func:`~.pipeline.split_model`): each stage then
+           goes through steps 2-6 on the mesh's other dimensions;
         2. tensor parallelism on the mesh's ``tp`` dimension (``tp_plan``), checked first;
         3. activation checkpointing, so that ``fully_shard`` sees the wrappers;
         4. ``torch.compile`` (``compile``; see :meth:`compile_model`);
@@ -388,8 +414,63 @@ class FSDPStrategy(BaseStrategy):
         on_meta = has_meta_tensors(model)
         tp = self._tp_plan if self.degrees.tp > 1 else None
         styles = resolve_styles(model, tp, self.degrees.tp) if tp is not None else {}
+        plan = self._plan_pipeline(model, on_meta) if self.degrees.pp > 1 else None
         self._ensure_process_group()
         self.mesh = build_device_mesh(self.device.type, self.degrees)
+        if plan is not None:
+            model = self._wrap_stages(model, plan, compile, tp, styles)
+        else:
+            model = self._parallelize(model, compile, tp, styles, on_meta)
+        self.logger.info(
+            "Parallelised %s over a %s mesh %s in %.2f s%s%s%s",
+            type(model).__name__,
+            self.device.type,
+            dict(zip(self.degrees.dim_names, self.degrees.shape, strict=True)),
+            time.perf_counter() - start,
+            f" (tensor parallel: {tp.describe()})" if tp is not None else "",
+            f" (pipeline stages {self.pipeline.stage_ids} of {plan.n_stages}, "
+            f"{plan.config.schedule})"
+            if plan is not None and self.pipeline is not None
+            else "",
+            " (built on the meta device, initialised shard by shard)" if on_meta else "",
+        )
+        return model
+
+    def _plan_pipeline(self, model: nn.Module, on_meta: bool) -> PipelinePlan:
+        """The checked split of ``model`` into stages (before any collective)."""
+        if on_meta:
+            raise ValueError(
+                "pipeline parallelism (pp > 1) needs a built model: a model on the meta device "
+                "cannot be initialised stage by stage yet; drop skip_init_weights"
+            )
+        batch = self.dispatch_kwargs.get("train_micro_batch_size_per_gpu")
+        return plan_pipeline(model, self._pipeline_cfg, self.degrees.pp, batch)
+
+    def _wrap_stages(
+        self, model: nn.Module, plan: PipelinePlan, compile: Any, tp: Any, styles: Mapping
+    ) -> nn.Module:
+        """Split ``model`` into this rank's stages, each parallelised over the stage mesh;
+        returns this rank's part of the model (unsplit names; the stage module itself with one
+        stage per rank)."""
+        assert self.mesh is not None
+        pp_rank = self.mesh.get_local_rank("pp")
+        part, views = split_model(model, plan, plan.stage_ids(pp_rank))
+        stages = []
+        for view in views:
+            names = {name for name, _ in view.named_modules()}
+            own = {name: style for name, style in styles.items() if name in names}
+            stages.append(self._parallelize(view, compile, tp, own, on_meta=False))
+        adopt_stage_parameters(part, views)
+        loss_fn = plan.config.loss_fn or views[-1].pipeline_loss
+        group = self.mesh.get_group("pp")
+        self.pipeline = Pipeline(stages, plan, pp_rank, group, self.device, loss_fn)
+        return stages[0] if len(stages) == 1 else part
+
+    def _parallelize(
+        self, model: nn.Module, compile: Any, tp: Any, styles: Mapping, on_meta: bool
+    ) -> nn.Module:
+        """TP → AC → compile → ``fully_shard`` → materialise, of a model or a stage."""
+        assert self.mesh is not None
         if tp is not None:
             model = apply_tensor_parallel(model, self.mesh, tp, styles)
         if self._activation_checkpointing is not None:
@@ -409,15 +490,6 @@ class FSDPStrategy(BaseStrategy):
             )
         if on_meta:
             model = materialize_model(model, self.device, seed=self.seed, mesh=self.mesh)
-        self.logger.info(
-            "Parallelised %s over a %s mesh %s in %.2f s%s%s",
-            type(model).__name__,
-            self.device.type,
-            dict(zip(self.degrees.dim_names, self.degrees.shape, strict=True)),
-            time.perf_counter() - start,
-            f" (tensor parallel: {tp.describe()})" if tp is not None else "",
-            " (built on the meta device, initialised shard by shard)" if on_meta else "",
-        )
         return model
 
     @property
@@ -561,13 +633,32 @@ class FSDPStrategy(BaseStrategy):
         return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
     # ------------------------------------------------------------------ checkpoints
+    def _register_states(self) -> None:
+        """As :meth:`BaseStrategy._register_states`; a pipeline stage's model and optimizer
+        states take their own part of a checkpoint (:class:`~.pipeline.StagePart`)."""
+        super()._register_states()
+        if self.pipeline is None:
+            return
+        model = self.model
+
+        def own_names() -> set[str]:
+            named = (*model.named_parameters(), *model.named_buffers())
+            return {clean_name(name) for name, _ in named}
+
+        for key, state in self._checkpointer.states.items():
+            if key in ("state_dict", "optimizer"):
+                self._checkpointer.register(key, StagePart(key, state, own_names))
+
     def _checkpoint_layout(self) -> Layout:
         """Saves write the configured format (full tensors gathered on rank 0, DTensor shards
         or each rank's own); every format is read onto the sharded model (the format's
         ``read_onto``): a full checkpoint by rank 0 only, a sharded one into DTensor shards
         (DCP reshards to this mesh), a local one as this rank's shards."""
+        fmt = self._state_dict.format
+        if self.degrees.pp > 1:  # every stage's part in one checkpoint of unsplit names
+            fmt = PipelineShardedFormat()
         return Layout(
-            self._state_dict.format,
+            fmt,
             placement=lambda path: _Placement(self.model, path),
             device=self.device,
             rank=self.rank,
@@ -663,6 +754,15 @@ def _degrees(
             "or a callable parallelize_fn(model, mesh)"
         )
     return degrees
+
+
+def _check_pipeline_format(degrees: Degrees, fmt: str) -> None:
+    if degrees.pp > 1 and fmt != "sharded":
+        raise ValueError(
+            f"pipeline parallelism (pp={degrees.pp}) saves the 'sharded' format only (each "
+            f"stage writes its part of one checkpoint), but state_dict_cfg is {fmt!r}; use "
+            "state_dict_cfg='sharded' (convert it to a full checkpoint offline afterwards)"
+        )
 
 
 def _param_name_of(path: tuple[str, ...]) -> str | None:

@@ -1,11 +1,12 @@
 """The parallel degrees of a run and the one DeviceMesh they make.
 
-The vocabulary is torchtitan's and Accelerate's: ``dp_replicate`` (copies of each shard:
-HSDP's replicate dimension, DDP-like), ``dp_shard`` (FSDP's sharding dimension) and ``tp``
-(tensor parallel); ``-1`` means "the rest of the world". The mesh's dimensions are named
-after them and laid out in that order, row-major, so that a rank's tensor-parallel peers are
-its neighbours (``rank // tp`` is its data-parallel rank). FSDP's ``sharding_strategy``
-vocabulary maps onto the same degrees (:func:`resolve_degrees`).
+The vocabulary is torchtitan's and Accelerate's: ``pp`` (pipeline stages, the outermost
+dimension), ``dp_replicate`` (copies of each shard: HSDP's replicate dimension, DDP-like),
+``dp_shard`` (FSDP's sharding dimension) and ``tp`` (tensor parallel); ``-1`` means "the rest
+of the world". The mesh's dimensions are named after them and laid out in that order,
+row-major, so that a rank's tensor-parallel peers are its neighbours (``rank // tp`` is its
+data-parallel rank without pipeline stages; :meth:`Degrees.dp_rank` in general). FSDP's
+``sharding_strategy`` vocabulary maps onto the same degrees (:func:`resolve_degrees`).
 
 Example::
 
@@ -32,10 +33,11 @@ __all__ = [
     "data_parallel_mesh",
     "parse_parallelism",
     "resolve_degrees",
+    "stage_mesh",
 ]
 
 #: The parallel degrees, in the order of the mesh's dimensions (outermost first).
-DEGREE_NAMES = ("dp_replicate", "dp_shard", "tp")
+DEGREE_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
 _EXAMPLE = "parallelism=dict(dp_shard=-1, tp=2)"
 
 
@@ -51,10 +53,11 @@ class Degrees:
     dp_shard: int = 1
     tp: int = 1
     hybrid: bool = False
+    pp: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.tp
 
     @property
     def dp_size(self) -> int:
@@ -62,8 +65,13 @@ class Degrees:
         return self.dp_replicate * self.dp_shard
 
     def dp_rank(self, rank: int) -> int:
-        """The data-parallel rank of global ``rank`` (its batch's index)."""
-        return rank // self.tp
+        """The data-parallel rank of global ``rank`` (its batch's index; the stages of one
+        pipeline share it)."""
+        return (rank % (self.dp_size * self.tp)) // self.tp
+
+    def pp_rank(self, rank: int) -> int:
+        """The pipeline rank of global ``rank`` (0 without pipeline stages)."""
+        return rank // (self.dp_size * self.tp)
 
     @property
     def dp_dim_names(self) -> tuple[str, ...]:
@@ -72,7 +80,13 @@ class Degrees:
 
     @property
     def dim_names(self) -> tuple[str, ...]:
-        return (*self.dp_dim_names, "tp") if self.tp > 1 else self.dp_dim_names
+        names = (*self.dp_dim_names, "tp") if self.tp > 1 else self.dp_dim_names
+        return ("pp", *names) if self.pp > 1 else names
+
+    @property
+    def stage_dim_names(self) -> tuple[str, ...]:
+        """The dimensions one pipeline stage is parallelised over (all but ``pp``)."""
+        return tuple(name for name in self.dim_names if name != "pp")
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -80,7 +94,7 @@ class Degrees:
 
 
 def parse_parallelism(value: Any) -> dict[str, int]:
-    """Check ``parallelism=dict(dp_replicate=..., dp_shard=..., tp=...)`` (every key
+    """Check ``parallelism=dict(pp=..., dp_replicate=..., dp_shard=..., tp=...)`` (every key
     optional): positive ints, or ``-1`` for at most one of them. Returns the given keys."""
     if value is None:
         return {}
@@ -127,7 +141,7 @@ def resolve_degrees(
     world size, naming them and the fix.
     """
     given = parse_parallelism(parallelism)
-    degrees: dict[str, int] = {"dp_replicate": 1, "dp_shard": 1, "tp": 1}
+    degrees: dict[str, int] = {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 1}
     data_keys = sorted({"dp_replicate", "dp_shard"} & set(given))
     if mesh_kind != "shard" and data_keys:
         raise ValueError(
@@ -136,23 +150,27 @@ def resolve_degrees(
             f"{data_keys} from parallelism, or the sharding_strategy (parallelism="
             "dict(dp_replicate=2, dp_shard=-1) is HYBRID_SHARD with replicate_size=2)"
         )
-    if mesh_kind != "shard" and given.get("tp") == -1:
-        raise ValueError(
-            "parallelism tp=-1 leaves two degrees to the world with the sharding_strategy's "
-            "data-parallel ones; give tp as a number, e.g. parallelism=dict(tp=2)"
-        )
+    for name in ("tp", "pp"):
+        if mesh_kind != "shard" and given.get(name) == -1:
+            raise ValueError(
+                f"parallelism {name}=-1 leaves two degrees to the world with the "
+                f"sharding_strategy's data-parallel ones; give {name} as a number, e.g. "
+                f"parallelism=dict({name}=2)"
+            )
+    pp = given.get("pp", 1)
     if mesh_kind == "hybrid":
-        size, tp = replicate_size or max(world_size // local_size, 1), given.get("tp", 1)
+        size, tp = replicate_size or max(world_size // local_size, 1), given.get("tp", 1) * pp
         if world_size % (size * tp):
             raise ValueError(
                 f"HYBRID_SHARD with replicate_size={size} needs a world size divisible by "
-                f"{'it' if tp == 1 else f'it times tp={tp}'}, but {world_size} ranks run; set "
+                f"{'it' if tp == 1 else f'it times tp × pp = {tp}'}, but {world_size} ranks "
+                "run; set "
                 f"model_wrapper=dict(replicate_size=...) to a divisor of {world_size // tp} or "
                 f"launch a multiple of {size * tp} ranks"
             )
-        degrees.update(dp_replicate=size, dp_shard=-1, tp=tp)
+        degrees.update(pp=pp, dp_replicate=size, dp_shard=-1, tp=given.get("tp", 1))
     elif mesh_kind == "replicate":
-        degrees.update(dp_replicate=-1, tp=given.get("tp", 1))
+        degrees.update(pp=pp, dp_replicate=-1, tp=given.get("tp", 1))
     else:
         degrees.update(given)
         if -1 not in given.values() and "dp_shard" not in given:
@@ -169,7 +187,8 @@ def resolve_degrees(
         degrees[rest] = world_size // known
     if math.prod(degrees.values()) != world_size:
         raise ValueError(
-            f"{_describe(degrees)} needs dp_replicate × dp_shard × tp = "
+            f"{_describe(degrees)} needs {'pp × ' if degrees['pp'] > 1 else ''}"
+            "dp_replicate × dp_shard × tp = "
             f"{math.prod(degrees.values())} ranks, but {world_size} rank(s) run; launch "
             f"{math.prod(degrees.values())} ranks, or set one degree to -1 (the rest of the "
             f"world), e.g. {_EXAMPLE}"
@@ -179,18 +198,28 @@ def resolve_degrees(
 
 
 def _describe(degrees: Mapping[str, int]) -> str:
-    return "parallelism=dict(" + ", ".join(f"{k}={v}" for k, v in degrees.items()) + ")"
+    shown = {k: v for k, v in degrees.items() if k != "pp" or v != 1}
+    return "parallelism=dict(" + ", ".join(f"{k}={v}" for k, v in shown.items()) + ")"
 
 
 def build_device_mesh(device_type: str, degrees: Degrees) -> DeviceMesh:
     """The run's mesh, one named dimension per degree (:attr:`Degrees.dim_names`):
-    ``('dp_shard',)``, ``('dp_replicate', 'dp_shard')``, with ``'tp'`` last when ``tp > 1``."""
+    ``('dp_shard',)``, ``('dp_replicate', 'dp_shard')``, with ``'tp'`` last when ``tp > 1``
+    and ``'pp'`` first when ``pp > 1``."""
     return init_device_mesh(device_type, degrees.shape, mesh_dim_names=degrees.dim_names)
 
 
 def data_parallel_mesh(mesh: DeviceMesh, degrees: Degrees) -> DeviceMesh:
     """The (sub)mesh ``fully_shard`` works on: the data-parallel dimensions of ``mesh``."""
-    if degrees.dim_names == degrees.dp_dim_names:
+    return _submesh(mesh, degrees, degrees.dp_dim_names)
+
+
+def stage_mesh(mesh: DeviceMesh, degrees: Degrees) -> DeviceMesh:
+    """The (sub)mesh one pipeline stage is parallelised over: every dimension but ``pp``."""
+    return _submesh(mesh, degrees, degrees.stage_dim_names)
+
+
+def _submesh(mesh: DeviceMesh, degrees: Degrees, names: tuple[str, ...]) -> DeviceMesh:
+    if degrees.dim_names == names:
         return mesh
-    names = degrees.dp_dim_names
     return mesh[names[0]] if len(names) == 1 else mesh[names]

@@ -1,0 +1,388 @@
+"""Pipeline parallelism composed with FSDP on one DeviceMesh (FSDPStrategy's ``parallelism=
+dict(pp=...)`` and ``pipeline=dict(...)``): parity of torch's schedules with one device, the
+split's bad input refused on every rank before anything is split, and a sharded checkpoint
+written by the stages resuming on one device.
+
+Parity runs real gloo groups of 2 and 4 CPU ranks in float64 against a single-process run of the
+same global batches, with gradient accumulation (2 steps a window) and clipping by the global
+norm (which acts: the norms exceed max_norm), so a stage that clipped by its own norm, or a
+loss not averaged over microbatches, would show.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shardwise.strategies import FSDPStrategy, SingleDeviceStrategy, resolve_degrees
+from shardwise.strategies.pipeline import (
+    check_microbatches,
+    parse_pipeline,
+    plan_pipeline,
+    split_model,
+    stage_ids_of_rank,
+)
+from tests.distributed import run_distributed
+from tests.test_fsdp import TinyTransformer
+from tests.test_tensor_parallel import full_weights, in_float64, lm_batch, max_relative_error
+
+OPTIM = dict(
+    optimizer=dict(type="AdamW", lr=1e-2, weight_decay=0.01),
+    accumulative_counts=2,
+    clip_grad=dict(max_norm=0.3),
+)
+STEPS = 6
+TOLERANCE = 1e-6
+
+
+class PipeTransformer(TinyTransformer):
+    """test_fsdp's GPT written to be split: a stage skips the modules it lacks (``None``) and
+    runs the blocks it has; the loss is the model's ``pipeline_loss``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tok is not None:
+            x = self.tok(x) + self.pos[: x.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        if self.head is not None:
+            x = self.head(self.ln_f(x))
+        return x
+
+    def pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+@in_float64
+def _reference(work_dir, layers=2, steps=STEPS):
+    strategy = SingleDeviceStrategy(work_dir=work_dir, env_kwargs=dict(randomness=dict(seed=0)))
+    model, wrapper = strategy.prepare(
+        PipeTransformer(layers=layers), optim_wrapper=OPTIM, dispatch_kwargs=dict(max_iters=steps)
+    )
+    losses, norms = [], []
+    for step in range(steps):
+        idx, targets = lm_batch(step)
+        with wrapper.optim_context(model):
+            loss = model.pipeline_loss(model(idx), targets)
+        wrapper.update_params(loss)
+        losses.append(loss.item())
+        norms.append(wrapper.last_grad_norm)
+    return losses, norms, full_weights(model)
+
+
+def _merged_weights(model) -> dict:
+    """Every stage's full weights, gathered over the stage mesh, merged over the pipeline."""
+    import torch.distributed as dist
+
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, full_weights(model))
+    merged: dict = {}
+    for part in parts:
+        merged.update(part)
+    return merged
+
+
+@in_float64
+def _train_pipelined(work_dir, parallelism, pipeline, layers=2, steps=STEPS):
+    strategy = FSDPStrategy(
+        work_dir=work_dir,
+        env_kwargs=dict(randomness=dict(seed=0)),
+        parallelism=parallelism,
+        pipeline=pipeline,
+    )
+    model, wrapper = strategy.prepare(
+        PipeTransformer(layers=layers), optim_wrapper=OPTIM, dispatch_kwargs=dict(max_iters=steps)
+    )
+    losses, norms = [], []
+    for step in range(steps):
+        idx, targets = lm_batch(step)
+        share = len(idx) // strategy.data_parallel_size
+        rows = slice(strategy.data_parallel_rank * share, (strategy.data_parallel_rank + 1) * share)
+        log_vars = strategy.pipeline.train_step((idx[rows], targets[rows]), wrapper)
+        losses.append(log_vars["loss"].item())
+        norms.append(wrapper.last_grad_norm)
+    own = sorted(n for n, _ in model.named_parameters())
+    return losses, norms, _merged_weights(model), own, strategy.pipeline.stage_ids
+
+
+# ----------------------------------------------------------------------------- the split
+def test_pp_is_the_outermost_mesh_dimension():
+    degrees = resolve_degrees(
+        dict(pp=2, tp=2), mesh_kind="shard", replicate_size=None, world_size=8, local_size=8
+    )
+    assert degrees.dim_names == ("pp", "dp_shard", "tp") and degrees.shape == (2, 2, 2)
+    assert degrees.stage_dim_names == ("dp_shard", "tp")
+    assert [degrees.pp_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [degrees.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    rest = resolve_degrees(
+        dict(pp=-1, dp_shard=2), mesh_kind="shard", replicate_size=None, world_size=8, local_size=8
+    )
+    assert (rest.pp, rest.dp_shard, rest.world_size) == (4, 2, 8)
+
+
+def test_stages_keep_the_unsplit_names_and_chain_to_the_whole_model():
+    torch.manual_seed(0)
+    model = PipeTransformer(layers=4).double()
+    plan = plan_pipeline(
+        model, parse_pipeline(dict(split_points=["blocks.1", "blocks.3"], schedule="GPipe")), pp=3
+    )
+    assert plan.units == (
+        ("tok", "blocks.0"),
+        ("blocks.1", "blocks.2"),
+        ("blocks.3", "ln_f", "head"),
+    )
+    _, stages = split_model(model, plan, [0])
+    first = stages[0]
+    _, (middle,) = split_model(model, plan, [1])
+    _, (last,) = split_model(model, plan, [2])
+    names = [sorted(n for n, _ in s.named_parameters()) for s in (first, middle, last)]
+    assert "pos" in names[0] and "blocks.2.qkv.weight" in names[1] and "head.weight" in names[2]
+    assert sorted(sum(names, [])) == sorted(n for n, _ in model.named_parameters())
+    idx, _ = lm_batch(0)
+    torch.testing.assert_close(last(middle(first(idx))), model(idx), rtol=0, atol=0)
+
+
+def test_several_stages_per_rank_share_one_part_with_unsplit_names():
+    model = PipeTransformer(layers=4)
+    plan = plan_pipeline(model, parse_pipeline(dict(schedule="Interleaved1F1B")), pp=2)
+    assert plan.units == (
+        ("tok", "blocks.0"),
+        ("blocks.1",),
+        ("blocks.2",),
+        ("blocks.3", "ln_f", "head"),
+    )
+    part, views = split_model(model, plan, plan.stage_ids(1))
+    assert plan.stage_ids(1) == (1, 3)
+    assert sorted(
+        {
+            n.split(".")[0] + "." + n.split(".")[1]
+            for n, _ in part.named_parameters()
+            if n.startswith("blocks")
+        }
+    ) == ["blocks.1", "blocks.3"]
+    assert part.tok is None and part.pos is None and part.head is not None
+    assert [list(v.blocks._modules) for v in views] == [["1"], ["3"]]
+    assert views[0].head is None and views[1].head is part.head
+
+
+def test_stage_placement_is_looped_or_v_shaped():
+    assert [stage_ids_of_rank(r, 2, 2, False) for r in range(2)] == [(0, 2), (1, 3)]
+    assert [stage_ids_of_rank(r, 2, 2, True) for r in range(2)] == [(0, 3), (1, 2)]
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_unknown_schedule_lists_the_known_ones():
+    with pytest.raises(
+        ValueError,
+        match=r"schedule '1f2b' does not exist; .*'GPipe', '1F1B', "
+        r"'Interleaved1F1B'",
+    ):
+        parse_pipeline(dict(schedule="1f2b"))
+    assert parse_pipeline(dict(schedule="gpipe")).schedule == "GPipe"
+
+
+def test_a_split_point_naming_no_module_names_the_nearest():
+    model = PipeTransformer(layers=2)
+    with pytest.raises(
+        ValueError, match=r"'block.1' names no module .*nearest names: \['blocks.1'"
+    ):
+        plan_pipeline(model, parse_pipeline(dict(split_points=["block.1"])), pp=2)
+    with pytest.raises(ValueError, match=r"'ln_f' is not a layer"):
+        plan_pipeline(model, parse_pipeline(dict(split_points=["ln_f"])), pp=2)
+    with pytest.raises(ValueError, match=r"2 pipeline stages need 1 split point\(s\), got 2"):
+        plan_pipeline(model, parse_pipeline(dict(split_points=["blocks.0", "blocks.1"])), pp=2)
+
+
+def test_more_stages_than_layers_is_refused():
+    model = PipeTransformer(layers=2)
+    with pytest.raises(ValueError, match=r"4 pipeline stages need at least 4 layers, .* has 2"):
+        plan_pipeline(model, parse_pipeline(dict(schedule="Interleaved1F1B")), pp=2)
+    points = dict(split_points=["blocks.1", "blocks.1", "blocks.1"], schedule="Interleaved1F1B")
+    with pytest.raises(ValueError, match=r"4 pipeline stages need at least 4 layers"):
+        plan_pipeline(model, parse_pipeline(points), pp=2)
+
+
+def test_n_microbatches_that_do_not_divide_the_batch_are_refused():
+    model = PipeTransformer(layers=2)
+    with pytest.raises(ValueError, match=r"n_microbatches=3 does not divide the batch of 8"):
+        plan_pipeline(model, parse_pipeline(dict(n_microbatches=3)), pp=2, batch_size=8)
+    with pytest.raises(ValueError, match=r"n_microbatches=3 does not divide the batch of 4"):
+        check_microbatches(4, 3)
+
+
+def test_a_model_without_a_loss_needs_loss_fn():
+    with pytest.raises(ValueError, match=r"no pipeline_loss\(outputs, targets\) .* loss_fn"):
+        plan_pipeline(TinyTransformer(), parse_pipeline(None), pp=2)
+
+
+def test_pipeline_saves_the_sharded_format_only():
+    kwargs = dict(parallelism=dict(pp=2), state_dict_cfg="full")
+    with pytest.raises(
+        ValueError, match=r"saves the 'sharded' format only .* state_dict_cfg='sharded'"
+    ):
+        FSDPStrategy._check_kwargs(kwargs, world_size=2, local_size=2)
+
+
+def _prepare_with(work_dir, pipeline):
+    strategy = FSDPStrategy(work_dir=work_dir, parallelism=dict(pp=2), pipeline=pipeline)
+    try:
+        strategy.prepare(PipeTransformer(), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)))
+    except ValueError as exc:
+        return str(exc), strategy.mesh
+    return None, strategy.mesh
+
+
+def test_bad_split_points_are_refused_on_every_rank_before_anything_is_split(tmp_path):
+    results = run_distributed(_prepare_with, 2, str(tmp_path), dict(split_points=["blocks.7"]))
+    messages = {message for message, _ in results}
+    assert len(messages) == 1 and "'blocks.7' names no module" in messages.pop()
+    assert [mesh for _, mesh in results] == [None, None]  # refused before the mesh was built
+
+
+# ----------------------------------------------------------------------------- parity
+def _check_parity(results, want):
+    want_losses, want_norms, want_weights = want
+    assert max(n for n in want_norms if n is not None) > OPTIM["clip_grad"]["max_norm"]
+    # each rank logs its data-parallel share's loss (the last stage's, broadcast to the others)
+    mean = [sum(r[0][i] for r in results) / len(results) for i in range(len(want_losses))]
+    assert mean == pytest.approx(want_losses, rel=TOLERANCE, abs=0)
+    for _, norms, weights, _, _ in results:
+        assert norms[0] is None and norms[1:] == pytest.approx(want_norms[1:], rel=TOLERANCE)
+        assert max_relative_error(weights, want_weights) < TOLERANCE
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+def test_two_stages_match_one_device(tmp_path, schedule):
+    results = run_distributed(
+        _train_pipelined,
+        2,
+        str(tmp_path),
+        dict(pp=2),
+        dict(schedule=schedule, n_microbatches=4),
+        timeout=240,
+    )
+    _check_parity(results, _reference(str(tmp_path)))
+    (_, _, _, first, ids0), (_, _, _, last, ids1) = results
+    assert (ids0, ids1) == ((0,), (1,))
+    assert "tok.weight" in first and "blocks.0.qkv.weight" in first and "head.weight" in last
+    assert not set(first) & set(last)
+
+
+def test_interleaved_1f1b_with_two_stages_per_rank_matches_one_device(tmp_path):
+    results = run_distributed(
+        _train_pipelined,
+        2,
+        str(tmp_path),
+        dict(pp=2),
+        dict(schedule="Interleaved1F1B", stages_per_rank=2, n_microbatches=4),
+        layers=4,
+        timeout=240,
+    )
+    _check_parity(results, _reference(str(tmp_path), layers=4))
+    assert [r[4] for r in results] == [(0, 2), (1, 3)]
+    assert "blocks.2.qkv.weight" in results[0][3] and "pos" in results[0][3]
+
+
+@pytest.mark.slow
+def test_two_stages_times_two_shards_match_one_device(tmp_path):
+    results = run_distributed(
+        _train_pipelined,
+        4,
+        str(tmp_path),
+        dict(pp=2, dp_shard=2),
+        dict(schedule="1F1B", n_microbatches=2),
+        timeout=300,
+    )
+    _check_parity(results, _reference(str(tmp_path)))
+
+
+# ----------------------------------------------------------------------------- checkpoints
+SAVED_AT, MORE = 2, 2
+
+
+@in_float64
+def _pipelined_save_continue(work_dir, parallelism, pipeline):
+    """Train under pipeline stages, save a sharded checkpoint, train on; returns the losses
+    after the save."""
+    strategy = FSDPStrategy(
+        work_dir=work_dir,
+        env_kwargs=dict(randomness=dict(seed=0)),
+        parallelism=parallelism,
+        pipeline=pipeline,
+    )
+    _, wrapper = strategy.prepare(
+        PipeTransformer(), optim_wrapper=OPTIM, dispatch_kwargs=dict(max_iters=SAVED_AT + MORE)
+    )
+    losses = []
+    for step in range(SAVED_AT + MORE):
+        if step == SAVED_AT:
+            strategy.save_checkpoint(f"{work_dir}/sharded")
+        idx, targets = lm_batch(step)
+        share = len(idx) // strategy.data_parallel_size
+        rows = slice(strategy.data_parallel_rank * share, (strategy.data_parallel_rank + 1) * share)
+        losses.append(strategy.pipeline.train_step((idx[rows], targets[rows]), wrapper)["loss"])
+    return [float(x) for x in losses[SAVED_AT:]]
+
+
+@in_float64
+def _resume_on_one_device(work_dir):
+    strategy = SingleDeviceStrategy(work_dir=work_dir, env_kwargs=dict(randomness=dict(seed=0)))
+    model, wrapper = strategy.prepare(
+        PipeTransformer(), optim_wrapper=OPTIM, dispatch_kwargs=dict(max_iters=SAVED_AT + MORE)
+    )
+    strategy.resume(f"{work_dir}/sharded")
+    losses = []
+    for step in range(SAVED_AT, SAVED_AT + MORE):
+        idx, targets = lm_batch(step)
+        with wrapper.optim_context(model):
+            loss = model.pipeline_loss(model(idx), targets)
+        wrapper.update_params(loss)
+        losses.append(loss.item())
+    return losses
+
+
+@in_float64
+def _resume_pipelined(work_dir, parallelism, pipeline):
+    strategy = FSDPStrategy(
+        work_dir=work_dir,
+        env_kwargs=dict(randomness=dict(seed=0)),
+        parallelism=parallelism,
+        pipeline=pipeline,
+    )
+    _, wrapper = strategy.prepare(
+        PipeTransformer(), optim_wrapper=OPTIM, dispatch_kwargs=dict(max_iters=SAVED_AT + MORE)
+    )
+    strategy.resume(f"{work_dir}/sharded")
+    losses = []
+    for step in range(SAVED_AT, SAVED_AT + MORE):
+        idx, targets = lm_batch(step)
+        share = len(idx) // strategy.data_parallel_size
+        rows = slice(strategy.data_parallel_rank * share, (strategy.data_parallel_rank + 1) * share)
+        losses.append(
+            float(strategy.pipeline.train_step((idx[rows], targets[rows]), wrapper)["loss"])
+        )
+    return losses
+
+
+def test_a_two_stage_checkpoint_resumes_on_one_device_and_under_another_schedule(tmp_path):
+    work_dir = str(tmp_path)
+    continued = run_distributed(
+        _pipelined_save_continue,
+        2,
+        work_dir,
+        dict(pp=2),
+        dict(schedule="1F1B", n_microbatches=2),
+        timeout=240,
+    )
+    assert continued[0] == continued[1]
+    on_one_device = _resume_on_one_device(work_dir)
+    assert on_one_device == pytest.approx(continued[0], rel=TOLERANCE, abs=0)
+    again = run_distributed(
+        _resume_pipelined,
+        2,
+        work_dir,
+        dict(pp=2),
+        dict(schedule="GPipe", n_microbatches=4),
+        timeout=240,
+    )
+    assert again[0] == pytest.approx(continued[0], rel=TOLERANCE, abs=0)
