@@ -386,3 +386,75 @@ def test_a_two_stage_checkpoint_resumes_on_one_device_and_under_another_schedule
         timeout=240,
     )
     assert again[0] == pytest.approx(continued[0], rel=TOLERANCE, abs=0)
+
+
+# ----------------------------------------------------------------------------- the Runner
+class LMData(torch.utils.data.Dataset):
+    """32 fixed token sequences: ``(inputs, targets)`` shifted by one."""
+
+    def __init__(self) -> None:
+        self.idx = torch.randint(0, 32, (32, 9), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def __getitem__(self, i: int):
+        return self.idx[i, :-1], self.idx[i, 1:]
+
+
+class LossTransformer(PipeTransformer):
+    """The one-device reference for the Runner: the same model, its forward returning the
+    loss (the default train step's contract)."""
+
+    def forward(self, x, targets):  # type: ignore[override]
+        return dict(loss=self.pipeline_loss(super().forward(x), targets))
+
+
+@in_float64
+def _run(work_dir, model_cls, strategy):
+    import json
+    from pathlib import Path
+
+    from shardwise.runner import Runner
+
+    runner = Runner(
+        model=model_cls(),
+        work_dir=work_dir,
+        strategy=strategy,
+        launcher="pytorch" if strategy["type"] == "FSDPStrategy" else "none",
+        train_dataloader=dict(
+            dataset=LMData(), batch_size=8, sampler=dict(type="DefaultSampler", shuffle=False)
+        ),
+        optim_wrapper=OPTIM,
+        train_cfg=dict(by_epoch=False, max_iters=4),
+        default_hooks=dict(logger=dict(interval=1, progress_bar=False), checkpoint=None),
+        randomness=dict(seed=0),
+    )
+    runner.train()
+    log = Path(runner.log_dir) / "metrics.jsonl"
+    if not log.exists():
+        return []
+    return [
+        {k: r[k] for k in ("iter", "loss", "grad_norm") if k in r}
+        for r in map(json.loads, log.read_text().splitlines())
+        if r["mode"] == "train"
+    ]
+
+
+@pytest.mark.slow  # two spawned Runner ranks
+def test_the_runner_drives_a_pipelined_step_with_the_logs_of_one_device(tmp_path):
+    strategy = dict(
+        type="FSDPStrategy",
+        parallelism=dict(pp=2),
+        pipeline=dict(schedule="1F1B", n_microbatches=2),
+    )
+    records = run_distributed(
+        _run, 2, str(tmp_path / "pp"), PipeTransformer, strategy, timeout=300
+    )[0]  # rank 0's log
+    want = _run(str(tmp_path / "one"), LossTransformer, dict(type="SingleDeviceStrategy"))
+    assert [r["iter"] for r in records] == [1, 2, 3, 4]
+    assert [r["iter"] for r in want] == [1, 2, 3, 4] and "grad_norm" in want[1]
+    for got, ref in zip(records, want, strict=True):
+        assert got.keys() == ref.keys()
+        for key in ref:
+            assert got[key] == pytest.approx(ref[key], rel=1e-6), (key, got, ref)

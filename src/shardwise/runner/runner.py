@@ -64,7 +64,7 @@ from .log_processor import LogProcessor
 from .loops import EpochBasedTrainLoop, IterBasedTrainLoop, TestLoop, ValLoop
 from .message_hub import MessageHub
 from .priority import Priority
-from .steps import eval_step, parse_losses, train_step
+from .steps import eval_step, mean_over_ranks, parse_losses, train_step
 
 __all__ = ["Runner", "parse_losses", "DEFAULT_HOOKS"]
 
@@ -501,8 +501,15 @@ class Runner(RunnerCheckpoints):
 
     # ------------------------------------------------------------------ steps
     def train_step(self, data: Any) -> dict[str, torch.Tensor]:
-        """One optimisation step on ``data`` (:func:`~shardwise.runner.steps.train_step`);
-        returns the logged values (``loss``...), averaged over ranks, as 0-dim tensors."""
+        """One optimisation step on ``data`` (:func:`~shardwise.runner.steps.train_step`; a
+        model split into pipeline stages runs the strategy's schedule,
+        :meth:`~shardwise.strategies.pipeline.Pipeline.train_step`); returns the logged values
+        (``loss``...), averaged over ranks, as 0-dim tensors."""
+        pipeline = getattr(self.strategy, "pipeline", None)
+        if pipeline is not None:
+            log_vars = pipeline.train_step(data, self.optim_wrapper)
+            log_vars.update(self.optim_wrapper.get_log_vars())
+            return mean_over_ranks(log_vars)
         return train_step(self.model, self.optim_wrapper, data, self.strategy.device)
 
     def val_step(self, data: Any) -> Any:
