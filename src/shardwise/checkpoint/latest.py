@@ -56,7 +56,13 @@ def _pointer(work_dir: Path) -> tuple[Path | None, int]:
     record = work_dir / LAST_CHECKPOINT
     if not record.is_file():
         return None, 0
-    target = record.read_text().strip()
+    try:
+        target = record.read_bytes().decode().strip()
+    except UnicodeDecodeError:
+        target = "\0"
+    if "\0" in target:  # bit rot (a path holds neither): as if it named nothing
+        logger.warning("%s is damaged (not a path): ignoring it", record)
+        return None, 0
     if not target:
         return None, 0
     path = Path(target)

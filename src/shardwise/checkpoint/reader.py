@@ -36,7 +36,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ..tree import map_with_path
-from .files import CheckpointError
+from .files import CheckpointError, describe_error
 from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat, detect_format
 from .full import is_bare_state_dict, load_full_checkpoint
 from .local import local_ranks, rank_file
@@ -197,9 +197,14 @@ class FullReader(CheckpointReader):
 
     def __init__(self, path: Path) -> None:
         self._stored: dict[str, torch.Tensor] = {}
-        tree = _load_meta(path)
-        if tree is None:  # not a zip archive (legacy torch.save): no offsets, read it whole
-            tree = load_full_checkpoint(path)
+        try:
+            tree = _load_meta(path)
+            if tree is None:  # not a zip archive (legacy torch.save): no offsets, read it whole
+                tree = load_full_checkpoint(path)
+        except (CheckpointError, FileNotFoundError, PermissionError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - damaged bytes fail zipfile in many ways
+            raise damaged_file_error(path, exc) from exc
         tree = _normalize(tree, path)
 
         def describe(leaf_path: tuple[str, ...], leaf: Any) -> Any:
@@ -261,7 +266,7 @@ def _load_meta(path: Path) -> Any:
             byteorder = [n for n in archive.namelist() if n.endswith("/byteorder")]
             if byteorder and archive.read(byteorder[0]) != b"little":
                 return None
-    except zipfile.BadZipFile:
+    except zipfile.BadZipFile:  # (a damaged directory may fail otherwise: FullReader says so)
         with open(path, "rb") as f:
             head = f.read(2)
         if head == b"PK":  # a zip whose directory is damaged: truncated or overwritten
@@ -271,6 +276,15 @@ def _load_meta(path: Path) -> Any:
             ) from None
         return None
     return load_full_checkpoint(path, map_location="meta")
+
+
+def damaged_file_error(path: Path, exc: BaseException) -> CheckpointError:
+    """One line for a file whose bytes fail to parse (``exc``: zipfile's or pickle's error,
+    whatever the damaged byte made of it)."""
+    return CheckpointError(
+        f"{path} is damaged: it cannot be read as a torch.save archive ({describe_error(exc)}); "
+        "its bytes changed after the save (bit rot, a bad copy): restore it from a copy"
+    )
 
 
 def _read_tensor(

@@ -30,7 +30,7 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
-from .files import CheckpointError
+from .files import CheckpointError, describe_error
 from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat
 from .local import local_ranks, rank_file
 from .manifest import OnBytes, Problem, manifest_path, read_manifest, verify_manifest
@@ -143,9 +143,13 @@ def _check_full(
                     if bad:
                         report.problems.append(Problem(name, bad))
                         return None
-    except zipfile.BadZipFile as exc:
+    except Exception as exc:  # noqa: BLE001 - a damaged directory fails zipfile in many ways
         report.problems.append(
-            Problem(name, f"not a readable torch.save archive ({exc}): truncated or overwritten")
+            Problem(
+                name,
+                f"not a readable torch.save archive ({describe_error(exc)}): truncated, "
+                "overwritten or its bytes changed after the save",
+            )
         )
         return None
     try:
@@ -162,9 +166,12 @@ def _crc_fails(archive: zipfile.ZipFile, info: zipfile.ZipInfo, on_bytes: OnByte
             while chunk := f.read(_CHUNK):
                 if on_bytes is not None:
                     on_bytes(len(chunk))
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+    except Exception as exc:  # noqa: BLE001 - damaged bytes fail zlib and zipfile in many ways
         record = info.filename.split("/", 1)[-1]
-        return f"record {record!r} is damaged ({exc}): its bytes changed after the save"
+        return (
+            f"record {record!r} is damaged ({describe_error(exc)}): its bytes changed after "
+            "the save"
+        )
     return None
 
 
@@ -265,8 +272,8 @@ def _check_dcp_crcs(path: Path, metadata: Any, report: VerifyReport, on_bytes: O
                             (b for i in archive.infolist() if (b := _crc_fails(archive, i, None))),
                             None,
                         )
-                except zipfile.BadZipFile as exc:
-                    bad = f"damaged ({exc})"
+                except Exception as exc:  # noqa: BLE001 - as in _crc_fails
+                    bad = f"damaged ({describe_error(exc)})"
                 if bad:
                     report.problems.append(
                         Problem(
