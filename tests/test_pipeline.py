@@ -25,7 +25,13 @@ from shardwise.strategies.pipeline import (
 )
 from tests.distributed import run_distributed
 from tests.test_fsdp import TinyTransformer
-from tests.test_tensor_parallel import full_weights, in_float64, lm_batch, max_relative_error
+from tests.test_tensor_parallel import (
+    TPTransformer,
+    full_weights,
+    in_float64,
+    lm_batch,
+    max_relative_error,
+)
 
 OPTIM = dict(
     optimizer=dict(type="AdamW", lr=1e-2, weight_decay=0.01),
@@ -53,11 +59,19 @@ class PipeTransformer(TinyTransformer):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+class PipeTPTransformer(TPTransformer):
+    """test_tensor_parallel's GPT (its blocks split by heads, with its own tensor-parallel plan)
+    written to be split into stages as :class:`PipeTransformer` is."""
+
+    forward = PipeTransformer.forward
+    pipeline_loss = PipeTransformer.pipeline_loss
+
+
 @in_float64
-def _reference(work_dir, layers=2, steps=STEPS):
+def _reference(work_dir, layers=2, steps=STEPS, model_cls=PipeTransformer):
     strategy = SingleDeviceStrategy(work_dir=work_dir, env_kwargs=dict(randomness=dict(seed=0)))
     model, wrapper = strategy.prepare(
-        PipeTransformer(layers=layers), optim_wrapper=OPTIM, dispatch_kwargs=dict(max_iters=steps)
+        model_cls(layers=layers), optim_wrapper=OPTIM, dispatch_kwargs=dict(max_iters=steps)
     )
     losses, norms = [], []
     for step in range(steps):
@@ -83,15 +97,18 @@ def _merged_weights(model) -> dict:
 
 
 @in_float64
-def _train_pipelined(work_dir, parallelism, pipeline, layers=2, steps=STEPS):
+def _train_pipelined(
+    work_dir, parallelism, pipeline, layers=2, steps=STEPS, model_cls=PipeTransformer, **kwargs
+):
     strategy = FSDPStrategy(
         work_dir=work_dir,
         env_kwargs=dict(randomness=dict(seed=0)),
         parallelism=parallelism,
         pipeline=pipeline,
+        **kwargs,
     )
     model, wrapper = strategy.prepare(
-        PipeTransformer(layers=layers), optim_wrapper=OPTIM, dispatch_kwargs=dict(max_iters=steps)
+        model_cls(layers=layers), optim_wrapper=OPTIM, dispatch_kwargs=dict(max_iters=steps)
     )
     losses, norms = [], []
     for step in range(steps):
@@ -102,7 +119,8 @@ def _train_pipelined(work_dir, parallelism, pipeline, layers=2, steps=STEPS):
         losses.append(log_vars["loss"].item())
         norms.append(wrapper.last_grad_norm)
     own = sorted(n for n, _ in model.named_parameters())
-    return losses, norms, _merged_weights(model), own, strategy.pipeline.stage_ids
+    meshes = sorted({str(p.device_mesh.mesh_dim_names) for p in model.parameters()})
+    return losses, norms, _merged_weights(model), own, strategy.pipeline.stage_ids, meshes
 
 
 # ----------------------------------------------------------------------------- the split
@@ -246,7 +264,7 @@ def _check_parity(results, want):
     # each rank logs its data-parallel share's loss (the last stage's, broadcast to the others)
     mean = [sum(r[0][i] for r in results) / len(results) for i in range(len(want_losses))]
     assert mean == pytest.approx(want_losses, rel=TOLERANCE, abs=0)
-    for _, norms, weights, _, _ in results:
+    for _, norms, weights, *_ in results:
         assert norms[0] is None and norms[1:] == pytest.approx(want_norms[1:], rel=TOLERANCE)
         assert max_relative_error(weights, want_weights) < TOLERANCE
 
@@ -262,7 +280,8 @@ def test_two_stages_match_one_device(tmp_path, schedule):
         timeout=240,
     )
     _check_parity(results, _reference(str(tmp_path)))
-    (_, _, _, first, ids0), (_, _, _, last, ids1) = results
+    (_, _, _, first, ids0, meshes), (_, _, _, last, ids1, _) = results
+    assert meshes == ["('dp_shard',)"]
     assert (ids0, ids1) == ((0,), (1,))
     assert "tok.weight" in first and "blocks.0.qkv.weight" in first and "head.weight" in last
     assert not set(first) & set(last)
@@ -294,6 +313,24 @@ def test_two_stages_times_two_shards_match_one_device(tmp_path):
         timeout=300,
     )
     _check_parity(results, _reference(str(tmp_path)))
+    stages = [r[4] for r in results]
+    assert stages == [(0,), (0,), (1,), (1,)]  # pp outermost: ranks 0, 1 shard stage 0
+
+
+@pytest.mark.slow
+def test_two_stages_times_tensor_parallel_two_match_one_device(tmp_path):
+    results = run_distributed(
+        _train_pipelined,
+        4,
+        str(tmp_path),
+        dict(pp=2, tp=2),
+        dict(schedule="GPipe", n_microbatches=2),
+        model_cls=PipeTPTransformer,
+        tp_plan="auto",
+        timeout=300,
+    )
+    _check_parity(results, _reference(str(tmp_path), model_cls=PipeTPTransformer))
+    assert all("('dp_shard', 'tp')" in r[5] for r in results)  # each stage split by TP
 
 
 # ----------------------------------------------------------------------------- checkpoints
