@@ -13,6 +13,7 @@ from shardwise import dist
 from shardwise.registry import MODEL_WRAPPERS, STRATEGIES
 
 from .base import BaseStrategy
+from .fault_tolerance import FaultTolerance, check_fault_tolerance
 from .sync_bn import convert_sync_batchnorm
 
 __all__ = ["DDPStrategy", "ShardwiseDistributedDataParallel"]
@@ -76,6 +77,11 @@ class DDPStrategy(BaseStrategy):
             ``broadcast_buffers``, ``static_graph``, ``gradient_as_bucket_view``, ...).
         sync_bn: ``'torch'`` converts BatchNorm layers to ``SyncBatchNorm`` (on CPU to
             :class:`~shardwise.strategies.sync_bn.CPUSyncBatchNorm`, which gloo can run).
+        fault_tolerance: replica-level fault tolerance on torchft (``pip install
+            shardwise[ft]``): ``dict(replica_group=..., num_replica_groups=...,
+            min_replicas=1, lighthouse='http://host:port')``; this launch is one replica
+            group, and :attr:`fault_tolerance` (a
+            :class:`~shardwise.strategies.fault_tolerance.FaultTolerance`) runs its steps.
 
     Example::
 
@@ -90,16 +96,22 @@ class DDPStrategy(BaseStrategy):
         *,
         model_wrapper: Mapping[str, Any] | None = None,
         sync_bn: str | None = None,
+        fault_tolerance: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         self._model_wrapper_cfg = _parse_own_args(model_wrapper, sync_bn)
         self._sync_bn = sync_bn
+        self._ft_cfg = None if fault_tolerance is None else check_fault_tolerance(fault_tolerance)
+        #: The replica group's fault tolerance (None without ``fault_tolerance``).
+        self.fault_tolerance: FaultTolerance | None = None
         super().__init__(**kwargs)
 
     @classmethod
     def _check_kwargs(cls, kwargs: Mapping[str, Any], world_size: int, local_size: int) -> None:
         super()._check_kwargs(kwargs, world_size, local_size)
         _parse_own_args(kwargs.get("model_wrapper"), kwargs.get("sync_bn"))
+        if kwargs.get("fault_tolerance") is not None:
+            check_fault_tolerance(kwargs["fault_tolerance"])
 
     def _wrap_model(self, model: nn.Module, compile: Any = False) -> nn.Module:
         return self.compile_model(self._wrap_ddp(model), compile)
@@ -110,6 +122,11 @@ class DDPStrategy(BaseStrategy):
         model = model.to(self.device)
         if self._sync_bn == "torch":
             model = convert_sync_batchnorm(model, self.device.type)
+        if self._ft_cfg is not None:
+            self.fault_tolerance = FaultTolerance(self._ft_cfg, logger=self.logger)
+            return self.fault_tolerance.wrap_ddp(
+                self._model_wrapper_cfg, model, MODEL_WRAPPERS.build
+            )
         if not dist.is_distributed():
             self.logger.warning("DDPStrategy without a process group: the model is not wrapped")
             return model
@@ -117,6 +134,11 @@ class DDPStrategy(BaseStrategy):
         return MODEL_WRAPPERS.build(
             self._model_wrapper_cfg, default_args=dict(module=model, device_ids=device_ids)
         )
+
+    def _register_states(self) -> None:
+        super()._register_states()
+        if self.fault_tolerance is not None:
+            self.fault_tolerance.attach(lambda: self.checkpointer.states, self._wrappers())
 
 
 def _parse_own_args(model_wrapper: Any, sync_bn: Any) -> dict[str, Any]:

@@ -1,0 +1,454 @@
+"""Replica-level fault tolerance on torchft: survive a lost replica group without a restart.
+
+A run is split into *replica groups*, each its own launch (torchrun, srun, ...) with its own
+default process group; torchft's ``Manager`` keeps a quorum of the live groups through a
+*lighthouse* (``torchft_lighthouse --bind 0.0.0.0:29510 --min_replicas 1``) and averages the
+gradients across them through its reconfigurable process group. A group that joins or rejoins
+heals from a live peer: it receives the whole training state, every state object registered
+with the strategy's :class:`~shardwise.checkpoint.checkpointer.Checkpointer` (model,
+optimizers, schedulers, random state, ...), over HTTP, not from disk. The optimizer step
+commits only when every live group agrees (torchft's ``OptimizerWrapper`` semantics).
+
+Enabled by ``DDPStrategy(fault_tolerance=dict(replica_group=0, num_replica_groups=3,
+min_replicas=1, lighthouse='http://host:29510'))``. The training loop calls
+:meth:`FaultTolerance.start_step` before it reads a step's data; the step it returns (restored
+by a heal) says which data to read, and :meth:`FaultTolerance.shard` which part of it is this
+replica's for the current quorum::
+
+    ft = strategy.fault_tolerance
+    while (step := ft.start_step()) < max_steps:
+        batch = global_batch(step)                   # the same on every replica group
+        loss = model(batch[ft.shard(len(batch))])    # this replica's disjoint part
+        optim_wrapper.update_params(loss)            # steps only when the quorum commits
+
+Nothing is skipped or repeated when a group is lost: every step's global batch is split
+among the groups live in that step's quorum (the step in progress when a group dies is
+redone by the survivors, since its commit fails).
+
+torchft is optional: ``pip install shardwise[ft]``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from shardwise import dist
+
+__all__ = ["FT_KEYS", "FaultTolerance", "check_fault_tolerance", "import_torchft"]
+
+#: The keys of ``fault_tolerance=dict(...)`` and their defaults (None: required).
+FT_KEYS: dict[str, Any] = dict(
+    replica_group=None,
+    num_replica_groups=None,
+    min_replicas=1,
+    lighthouse=None,  # else the TORCHFT_LIGHTHOUSE environment variable
+    timeout=60.0,  # collectives, commit votes, checkpoint transfers (seconds)
+    quorum_timeout=60.0,  # waiting for a quorum (seconds)
+    connect_timeout=10.0,  # reaching the lighthouse and the managers (seconds)
+    max_retries=None,  # consecutive failed commits before the run stops (None: no limit)
+)
+
+_ID = re.compile(r"^shardwise_n(\d+)_min(\d+)_group(\d+)$")
+
+
+def import_torchft() -> Any:
+    """Import torchft, or raise an ImportError that names the extra to install."""
+    try:
+        import torchft
+        import torchft.manager  # noqa: F401
+        import torchft.process_group  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            f"fault_tolerance needs torchft ({e}); install it with `pip install shardwise[ft]` "
+            "(torchft==0.2.0)"
+        ) from e
+    return torchft
+
+
+def _int(cfg: Mapping[str, Any], key: str, minimum: int) -> int:
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"fault_tolerance {key}={value!r} must be an int >= {minimum}; e.g. "
+            "fault_tolerance=dict(replica_group=0, num_replica_groups=2, min_replicas=1, "
+            "lighthouse='http://host:29510')"
+        )
+    return value
+
+
+def check_fault_tolerance(cfg: Any, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``fault_tolerance`` config with its defaults, checked without importing torchft or
+    building anything. Raises TypeError/ValueError/KeyError naming the key, the value and
+    what fits."""
+    env = os.environ if env is None else env
+    if not isinstance(cfg, Mapping):
+        raise TypeError(
+            f"fault_tolerance must be a dict such as dict(replica_group=0, "
+            f"num_replica_groups=2, lighthouse='http://host:29510'), got {cfg!r}"
+        )
+    unknown = sorted(set(cfg) - set(FT_KEYS))
+    if unknown:
+        raise KeyError(f"fault_tolerance got unknown keys {unknown}; accepted: {sorted(FT_KEYS)}")
+    out = {**FT_KEYS, **cfg}
+    for key in ("replica_group", "num_replica_groups"):
+        if out[key] is None:
+            raise ValueError(
+                f"fault_tolerance needs {key}: every replica group is started with its own "
+                "replica_group (0, 1, ...) and the same num_replica_groups"
+            )
+    groups = _int(out, "num_replica_groups", 1)
+    group = _int(out, "replica_group", 0)
+    if group >= groups:
+        raise ValueError(
+            f"fault_tolerance replica_group={group} is out of range for "
+            f"num_replica_groups={groups}: use 0..{groups - 1}"
+        )
+    minimum = _int(out, "min_replicas", 1)
+    if minimum > groups:
+        raise ValueError(
+            f"fault_tolerance min_replicas={minimum} is above num_replica_groups={groups}: no "
+            f"step could ever commit; use min_replicas <= {groups}"
+        )
+    if out["max_retries"] is not None:
+        _int(out, "max_retries", 0)
+    for key in ("timeout", "quorum_timeout", "connect_timeout"):
+        value = out[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ValueError(f"fault_tolerance {key}={value!r} must be a number of seconds > 0")
+    lighthouse = out["lighthouse"] or env.get("TORCHFT_LIGHTHOUSE")
+    if not lighthouse:
+        raise ValueError(
+            "fault_tolerance needs a lighthouse: set lighthouse='http://host:port' (or the "
+            "TORCHFT_LIGHTHOUSE environment variable) to the address of a running "
+            "`torchft_lighthouse --bind 0.0.0.0:29510 --min_replicas 1`"
+        )
+    if not isinstance(lighthouse, str) or not re.match(r"^https?://[^/:]+:\d+/?$", lighthouse):
+        raise ValueError(
+            f"fault_tolerance lighthouse={lighthouse!r} is not an address such as "
+            "'http://host:29510'"
+        )
+    out["lighthouse"] = lighthouse
+    return out
+
+
+def _clone(obj: Any) -> Any:
+    """``obj`` with every tensor copied (what is served to a healing peer must not change
+    while training goes on)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, Mapping):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_clone(v) for v in obj)
+    return obj
+
+
+class _QuorumRecorder:
+    """Delegates to torchft's ManagerClient and keeps the last quorum it returned."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.last: Any = None
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        self.last = self._client._quorum(*args, **kwargs)
+        return self.last
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+class FaultTolerance:
+    """One replica group's side of a fault-tolerant run: torchft's ``Manager``, its process
+    group, the commit gate of the optimizer wrappers and the whole-state heal.
+
+    Args:
+        cfg: the ``fault_tolerance`` config (see :data:`FT_KEYS`).
+        logger: where quorum changes and heals are reported.
+        group_rank: this process's rank inside its replica group (default: the default
+            process group's).
+        group_world_size: the replica group's size (default: the default process group's).
+        store_addr: the replica group's TCPStore host (default: ``MASTER_ADDR``).
+        store_port: its port (default: ``MASTER_PORT``).
+    """
+
+    def __init__(
+        self,
+        cfg: Mapping[str, Any],
+        *,
+        logger: Any,
+        group_rank: int | None = None,
+        group_world_size: int | None = None,
+        store_addr: str | None = None,
+        store_port: int | None = None,
+    ) -> None:
+        self.cfg = check_fault_tolerance(cfg)
+        import_torchft()
+        from torchft.checkpointing.http_transport import HTTPTransport
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        self.logger = logger
+        self.group_rank = dist.get_rank() if group_rank is None else group_rank
+        self.group_world_size = (
+            dist.get_world_size() if group_world_size is None else group_world_size
+        )
+        store_addr = store_addr or os.environ.get("MASTER_ADDR")
+        port = store_port or os.environ.get("MASTER_PORT")
+        if not store_addr or not port:
+            raise RuntimeError(
+                "fault_tolerance needs the replica group's TCPStore: launch each replica group "
+                "with torchrun (or set MASTER_ADDR and MASTER_PORT); got "
+                f"MASTER_ADDR={store_addr!r} MASTER_PORT={port!r}"
+            )
+        c = self.cfg
+        self.replica_group = c["replica_group"]
+        self.num_replica_groups = c["num_replica_groups"]
+        self.min_replicas = c["min_replicas"]
+        self.timeouts = {k: float(c[k]) for k in ("timeout", "quorum_timeout", "connect_timeout")}
+        seconds = {k: timedelta(seconds=v) for k, v in self.timeouts.items()}
+
+        class _WeightsOnlyTransport(HTTPTransport):
+            """torchft's HTTP transport, reading what a peer serves with weights_only=True
+            (shardwise's states hold only tensors and plain containers)."""
+
+            @classmethod
+            def _load_from_address(cls, address: str, timeout: timedelta) -> object:
+                import urllib.request
+
+                from torchft.checkpointing._serialization import _streaming_load
+
+                with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
+                    return _streaming_load(f, weights_only=True)
+
+        self.pg = ProcessGroupGloo(timeout=seconds["timeout"])
+        replica_id = f"shardwise_n{self.num_replica_groups}_min{self.min_replicas}_group" + str(
+            self.replica_group
+        )
+        try:
+            self.manager = Manager(
+                pg=self.pg,
+                load_state_dict=None,
+                state_dict=None,
+                min_replica_size=self.min_replicas,
+                use_async_quorum=False,  # heal before the step's data is read
+                timeout=seconds["timeout"],
+                quorum_timeout=seconds["quorum_timeout"],
+                connect_timeout=seconds["connect_timeout"],
+                rank=self.group_rank,
+                world_size=self.group_world_size,
+                store_addr=store_addr,
+                store_port=int(port),
+                lighthouse_addr=c["lighthouse"],
+                replica_id=replica_id,
+                checkpoint_transport=_WeightsOnlyTransport(seconds["timeout"], num_chunks=0),
+                max_retries=c["max_retries"],
+            )
+        except Exception as e:
+            raise RuntimeError(
+                f"replica group {self.replica_group}: could not reach the lighthouse "
+                f"{c['lighthouse']} within connect_timeout={self.timeouts['connect_timeout']}s "
+                f"({_first_line(e)}); start `torchft_lighthouse` there or fix "
+                "fault_tolerance.lighthouse"
+            ) from e
+        self._recorder = _QuorumRecorder(self.manager._client)
+        self.manager._client = self._recorder
+        self._states: Any = None
+        #: The steps at which this replica group healed from a peer.
+        self.heal_steps: list[int] = []
+        self.failed_commits = 0
+        self._last_quorum_id: Any = None
+
+    # ------------------------------------------------------------------ wiring
+    def comm_hook(self, state: Any, bucket: Any) -> torch.futures.Future:
+        """DDP communication hook: the bucket averaged inside the replica group (its default
+        process group), then across the live replica groups through torchft."""
+        buffer = bucket.buffer()
+        if self.group_world_size > 1:
+            dist.all_reduce(buffer)
+            buffer.div_(self.group_world_size)
+        work = self.manager.allreduce(buffer)
+        work.wait()
+        fut = work.get_future()
+        return fut._fut if hasattr(fut, "_fut") and fut._fut is not None else fut
+
+    def wrap_ddp(self, wrapper_cfg: Mapping[str, Any], module: nn.Module, build: Any) -> nn.Module:
+        """Build the DDP wrapper (``build(cfg, default_args)``) on a dummy process group, its
+        gradients reduced by :meth:`comm_hook`."""
+        from torchft.process_group import ProcessGroupDummy
+
+        cfg = dict(wrapper_cfg)
+        if cfg.get("find_unused_parameters") is False or cfg.get("static_graph"):
+            raise ValueError(
+                "fault_tolerance needs DDP's find_unused_parameters=True and static_graph=False "
+                f"(got {dict(wrapper_cfg)!r}): otherwise DDP rebuilds its gradient buckets after "
+                "its first step, and a replica group that heals later would reduce its "
+                "gradients in another layout than its peers; drop those keys"
+            )
+        # Fixed buckets: DDP rebuilds them after the first step unless it finds unused
+        # parameters, and every replica, whenever it (re)joined, must lay them out alike.
+        cfg["find_unused_parameters"] = True
+        dummy = ProcessGroupDummy(0, 1)
+        wrapper = build(cfg, default_args=dict(module=module, process_group=dummy))
+        # unannotated: DDP compares a hook's annotations with the classes themselves
+        hook = lambda state, bucket: self.comm_hook(state, bucket)  # noqa: E731
+        wrapper.register_comm_hook(self.manager, hook)
+        return wrapper
+
+    def attach(self, states: Any, wrappers: Mapping[str, Any]) -> None:
+        """Heal through ``states()`` (the Checkpointer's registered state objects, by key)
+        and let each optimizer wrapper step only when the quorum commits."""
+        self._states = states
+        self.manager.register_state_dict_fn("shardwise", self.load_state_dict, self.state_dict)
+        for wrapper in wrappers.values():
+            if getattr(wrapper, "_ft_gated", False):
+                continue
+            original = wrapper.step
+
+            def step(_original: Any = original, **kwargs: Any) -> None:
+                if self.should_commit():
+                    _original(**kwargs)
+
+            wrapper.step = step
+            wrapper._ft_gated = True
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole training state, every registered state object's ``state_dict()`` by key
+        (tensors copied): what a healing peer receives."""
+        return {key: _clone(state.state_dict()) for key, state in self._states().items()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load what a peer's :meth:`state_dict` gave, every state object in registration
+        order (the random state before a loop that reseeds its sampler)."""
+        states = self._states()
+        if set(state_dict) != set(states):
+            raise RuntimeError(
+                f"replica group {self.replica_group}: the peer's state has "
+                f"{sorted(state_dict)}, this replica registers {sorted(states)}; every replica "
+                "group must run the same config"
+            )
+        for key, state in states.items():
+            state.load_state_dict(state_dict[key])
+        self.heal_steps.append(self.manager.current_step())
+        self.logger.info(
+            "replica group %d healed from a live peer at step %d",
+            self.replica_group,
+            self.manager.current_step(),
+        )
+
+    # ------------------------------------------------------------------ the step
+    def start_step(self) -> int:
+        """Join this step's quorum (healing from a peer if this replica is behind) and return
+        the step to run: the number of steps the quorum has committed."""
+        manager = self.manager
+        try:
+            manager.start_quorum()
+        except Exception as e:
+            raise RuntimeError(
+                f"replica group {self.replica_group}: no quorum within quorum_timeout="
+                f"{self.timeouts['quorum_timeout']}s from the lighthouse "
+                f"{self.cfg['lighthouse']} ({_first_line(e)}); are the other replica groups "
+                "and the lighthouse running?"
+            ) from e
+        self._check_quorum()
+        if manager.errored() is not None and self._recorder.last is not None:
+            self.logger.warning(
+                "replica group %d: step %d will not commit: %s",
+                self.replica_group,
+                manager.current_step(),
+                _first_line(manager.errored()),
+            )
+        return manager.current_step()
+
+    def _check_quorum(self) -> None:
+        quorum = self._recorder.last
+        if quorum is None or quorum.quorum_id == self._last_quorum_id:
+            return
+        self._last_quorum_id = quorum.quorum_id
+        groups = []
+        for replica_id in quorum.replica_ids:
+            match = _ID.match(replica_id.split(":")[0])
+            if match is None or (int(match[1]), int(match[2])) != (
+                self.num_replica_groups,
+                self.min_replicas,
+            ):
+                raise RuntimeError(
+                    f"replica group {self.replica_group}: the quorum holds {replica_id!r}, "
+                    f"started with another config than this group's num_replica_groups="
+                    f"{self.num_replica_groups} min_replicas={self.min_replicas}; start every "
+                    "replica group with the same fault_tolerance num_replica_groups and "
+                    "min_replicas"
+                )
+            groups.append(int(match[3]))
+        if len(set(groups)) != len(groups):
+            raise RuntimeError(
+                f"replica group {self.replica_group}: two live replica groups share a "
+                f"replica_group id ({sorted(groups)}); give each its own 0.."
+                f"{self.num_replica_groups - 1}"
+            )
+        self.logger.info(
+            "replica group %d: quorum %s of replica groups %s, step %d",
+            self.replica_group,
+            quorum.quorum_id,
+            sorted(groups),
+            quorum.max_step,
+        )
+
+    def should_commit(self) -> bool:
+        """Whether every live replica group finished this step's gradients: the optimizer
+        steps only then."""
+        try:
+            ok = self.manager.should_commit()
+        except Exception as e:
+            raise RuntimeError(
+                f"replica group {self.replica_group}: the commit vote failed "
+                f"(timeout={self.timeouts['timeout']}s, max_retries="
+                f"{self.cfg['max_retries']}): {_first_line(e)}"
+            ) from e
+        if not ok:
+            self.failed_commits += 1
+            self.logger.warning(
+                "replica group %d: step %d not committed (a replica group failed); it is redone",
+                self.replica_group,
+                self.manager.current_step(),
+            )
+        return ok
+
+    @property
+    def replica_rank(self) -> int:
+        """This replica group's rank among the groups of the current quorum."""
+        rank = self.manager.participating_rank()
+        return 0 if rank is None else rank
+
+    @property
+    def num_replicas(self) -> int:
+        """How many replica groups take part in the current quorum."""
+        return max(1, self.manager.num_participants())
+
+    def current_step(self) -> int:
+        """The number of steps committed."""
+        return self.manager.current_step()
+
+    def shard(self, length: int) -> list[int]:
+        """The indices of a step's global batch of ``length`` items that this rank reads:
+        a disjoint part for each rank of each replica group in the current quorum
+        (``index % parts == part``), so that the live ranks read it all."""
+        parts = self.num_replicas * self.group_world_size
+        part = self.replica_rank * self.group_world_size + self.group_rank
+        return list(range(part, length, parts))
+
+    def shutdown(self) -> None:
+        """Stop the manager's servers (the lighthouse goes on)."""
+        self.manager.shutdown(wait=False)
+
+
+def _first_line(e: Any) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,392 @@
+"""Replica-level fault tolerance on torchft (strategies/fault_tolerance.py).
+
+Each replica group is a real process (its own default process group and TCPStore, as torchrun
+makes); the lighthouse is torchft's LighthouseServer in the test process, bound to 127.0.0.1.
+Run as a script, this file is one replica group's (or one plain DDP rank's) training loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("torchft")
+
+from shardwise.strategies import DDPStrategy  # noqa: E402
+from shardwise.strategies.fault_tolerance import check_fault_tolerance  # noqa: E402
+
+BATCH = 12  # global batch per step, split among the live replicas
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[1]
+
+
+# ---------------------------------------------------------------------- the worker
+def _data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(BATCH, 8, generator=g)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def _worker(args: dict) -> None:
+    """One replica group (``ft``) or one plain DDP rank (``plain``): train ``steps`` steps,
+    one JSON line per step in ``log``, the final state in ``out``."""
+    torch.set_num_threads(1)
+    log = open(args["log"], "a", buffering=1)
+    ft_cfg = args.get("ft")
+    strategy = DDPStrategy(
+        work_dir=args["work_dir"],
+        env_kwargs=dict(randomness=dict(seed=0)),
+        log_kwargs=dict(log_level="WARNING"),
+        fault_tolerance=ft_cfg,
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model, optim_wrapper, schedulers = strategy.prepare(
+        model,
+        optim_wrapper=dict(optimizer=dict(type="AdamW", lr=0.01)),
+        param_scheduler=dict(type="StepLR", step_size=5, gamma=0.5, by_epoch=False),
+        dispatch_kwargs=dict(max_iters=args["steps"]),
+    )
+    ft = strategy.fault_tolerance
+    steps = args["steps"]
+
+    def run_step(step: int, part: list[int], parts: int) -> dict:
+        x, y = _data(step)
+        loss = torch.nn.functional.mse_loss(model(x[part]), y[part])
+        optim_wrapper.update_params(loss)
+        rec = dict(step=step, loss=loss.item(), parts=parts, part=part[0], pid=os.getpid())
+        return rec
+
+    if ft is None:
+        rank, world = strategy.rank, strategy.world_size
+        for step in range(steps):
+            rec = run_step(step, list(range(rank, BATCH, world)), world)
+            for s in schedulers:
+                s.step()
+            log.write(json.dumps(dict(rec, committed=True)) + "\n")
+    else:
+        hold = Path(args["hold"]) if "hold" in args else None
+        log.write(json.dumps(dict(ready=True, pid=os.getpid())) + "\n")
+        while hold is not None and hold.exists():  # the harness holds the run here
+            time.sleep(0.05)
+        while (step := ft.start_step()) < steps:
+            rec = run_step(step, ft.shard(BATCH), ft.num_replicas)
+            committed = ft.current_step() > step
+            if committed:
+                for s in schedulers:
+                    s.step()
+            log.write(json.dumps(dict(rec, committed=committed)) + "\n")
+            time.sleep(args.get("sleep", 0.0))
+            while hold is not None and hold.exists():
+                time.sleep(0.05)
+    state = dict(
+        model={k: v.clone() for k, v in strategy.model_state_dict().items()},
+        optimizer=strategy.optim_state_dict(),
+        schedulers=strategy.scheduler_state_dict(),
+    )
+    torch.save(state, args["out"])
+    done = dict(done=True, pid=os.getpid())
+    if ft is not None:
+        done.update(heal_steps=ft.heal_steps, failed_commits=ft.failed_commits)
+        ft.shutdown()
+    log.write(json.dumps(done) + "\n")
+    log.close()
+    os._exit(0)  # torchft's servers hold threads; the state is written
+
+
+# ---------------------------------------------------------------------- the harness
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _lighthouse(min_replicas: int):
+    from torchft._torchft import LighthouseServer
+
+    server = LighthouseServer(
+        bind="127.0.0.1:0",
+        min_replicas=min_replicas,
+        join_timeout_ms=1000,
+        heartbeat_timeout_ms=2000,
+    )
+    port = server.address().rsplit(":", 1)[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+def _spawn(args: dict, *, rank: int = 0, world: int = 1, port: int | None = None):
+    env = dict(
+        os.environ,
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port or _free_port()),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(ROOT / "src"),
+    )
+    env.pop("TORCHFT_LIGHTHOUSE", None)
+    err = open(Path(args["log"]).with_suffix(".err"), "a")
+    return subprocess.Popen(
+        [sys.executable, str(HERE), json.dumps(args)], env=env, stdout=err, stderr=err
+    )
+
+
+def _records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def _wait(procs, deadline: float, what: str, paths=()) -> None:
+    for p in procs:
+        left = max(1.0, deadline - time.time())
+        try:
+            p.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            errs = "\n".join(Path(x).with_suffix(".err").read_text()[-2000:] for x in paths)
+            pytest.fail(f"{what} did not finish in time\n{errs}")
+
+
+def _ft_args(tmp: Path, group: int, groups: int, lighthouse: str, steps: int, **extra) -> dict:
+    ft = dict(
+        replica_group=group,
+        num_replica_groups=groups,
+        min_replicas=extra.pop("min_replicas", 1),
+        lighthouse=lighthouse,
+        timeout=10,
+        quorum_timeout=extra.pop("quorum_timeout", 60),
+        connect_timeout=5,
+    )
+    ft.update(extra.pop("ft", {}))
+    return dict(
+        ft=ft,
+        steps=steps,
+        work_dir=str(tmp / f"g{group}"),
+        log=str(tmp / f"g{group}.jsonl"),
+        out=str(tmp / f"g{group}.pt"),
+        **extra,
+    )
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    flat_a = torch.utils._pytree.tree_leaves(a["optimizer"])
+    flat_b = torch.utils._pytree.tree_leaves(b["optimizer"])
+    assert len(flat_a) == len(flat_b)
+    for x, y in zip(flat_a, flat_b, strict=True):
+        if isinstance(x, torch.Tensor):
+            assert torch.equal(x, y)
+        else:
+            assert x == y
+    assert a["schedulers"] == b["schedulers"]
+
+
+# ---------------------------------------------------------------------- config checks
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        (dict(num_replica_groups=2, lighthouse="http://h:1"), "needs replica_group"),
+        (dict(replica_group=2, num_replica_groups=2, lighthouse="http://h:1"), "out of range"),
+        (
+            dict(replica_group=0, num_replica_groups=2, min_replicas=3, lighthouse="http://h:1"),
+            "min_replicas=3 is above num_replica_groups=2",
+        ),
+        (dict(replica_group=0, num_replica_groups=2), "needs a lighthouse"),
+        (dict(replica_group=0, num_replica_groups=2, lighthouse="h:1"), "not an address"),
+        (
+            dict(replica_group=0, num_replica_groups=2, lighthouse="http://h:1", timeout=0),
+            "timeout=0",
+        ),
+    ],
+)
+def test_bad_config_is_refused_before_anything_runs(cfg, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        check_fault_tolerance(cfg, env={})
+    with pytest.raises(ValueError, match=match):
+        DDPStrategy.check_config(dict(type="DDPStrategy", fault_tolerance=cfg))
+
+
+def test_unknown_key_and_lighthouse_from_env() -> None:
+    with pytest.raises(KeyError, match="replicas"):
+        check_fault_tolerance(dict(replica_group=0, num_replica_groups=1, replicas=2), env={})
+    cfg = check_fault_tolerance(
+        dict(replica_group=0, num_replica_groups=1), env={"TORCHFT_LIGHTHOUSE": "http://h:29510"}
+    )
+    assert cfg["lighthouse"] == "http://h:29510" and cfg["min_replicas"] == 1
+
+
+def test_unreachable_lighthouse_fails_in_one_line_within_connect_timeout(tmp_path) -> None:
+    args = _ft_args(tmp_path, 0, 1, f"http://127.0.0.1:{_free_port()}", steps=2)
+    start = time.time()
+    proc = _spawn(args)
+    _wait([proc], time.time() + 90, "the worker", [args["log"]])
+    err = Path(args["log"]).with_suffix(".err").read_text()
+    assert proc.returncode != 0
+    assert "could not reach the lighthouse" in err and "connect_timeout=5.0s" in err, err[-2000:]
+    assert time.time() - start < 60
+
+
+def test_replica_counts_that_disagree_fail_on_every_group(tmp_path) -> None:
+    server, address = _lighthouse(min_replicas=2)
+    try:
+        a = _ft_args(tmp_path, 0, 2, address, steps=3)
+        b = _ft_args(tmp_path, 1, 3, address, steps=3)
+        procs = [_spawn(a), _spawn(b)]
+        _wait(procs, time.time() + 120, "the workers", [a["log"], b["log"]])
+        for args, p in zip((a, b), procs, strict=True):
+            err = Path(args["log"]).with_suffix(".err").read_text()
+            assert p.returncode != 0
+            assert "start every replica group with the same fault_tolerance" in err, err[-2000:]
+    finally:
+        server.shutdown()
+
+
+# ---------------------------------------------------------------------- training
+@pytest.mark.slow
+def test_without_failures_losses_equal_plain_ddp(tmp_path) -> None:
+    steps, groups = 12, 3
+    server, address = _lighthouse(min_replicas=groups)
+    try:
+        ft_args = [_ft_args(tmp_path / "ft", g, groups, address, steps) for g in range(groups)]
+        (tmp_path / "ft").mkdir()
+        procs = [_spawn(a) for a in ft_args]
+        _wait(procs, time.time() + 240, "the FT run", [a["log"] for a in ft_args])
+        assert [p.returncode for p in procs] == [0] * groups
+    finally:
+        server.shutdown()
+    (tmp_path / "plain").mkdir()
+    port = _free_port()
+    plain = [
+        dict(
+            steps=steps,
+            work_dir=str(tmp_path / "plain" / f"r{r}"),
+            log=str(tmp_path / "plain" / f"r{r}.jsonl"),
+            out=str(tmp_path / "plain" / f"r{r}.pt"),
+        )
+        for r in range(groups)
+    ]
+    procs = [_spawn(a, rank=r, world=groups, port=port) for r, a in enumerate(plain)]
+    _wait(procs, time.time() + 240, "the plain DDP run", [a["log"] for a in plain])
+    assert [p.returncode for p in procs] == [0] * groups
+
+    def losses(args_list):
+        out = {}
+        for a in args_list:
+            for rec in _records(Path(a["log"])):
+                if "step" in rec:
+                    assert rec["committed"] and rec["parts"] == groups
+                    out[(rec["step"], rec["part"])] = rec["loss"]
+        return out
+
+    ft_losses, plain_losses = losses(ft_args), losses(plain)
+    assert len(plain_losses) == steps * groups
+    assert sorted(ft_losses) == sorted(plain_losses)
+    for key, value in plain_losses.items():
+        assert abs(ft_losses[key] - value) <= 1e-6, (key, ft_losses[key], value)
+    # a full state dict is on rank 0 only: every replica group's, the plain run's rank 0
+    states = [torch.load(a["out"], weights_only=True) for a in [*ft_args, plain[0]]]
+    for state in states[1:-1]:
+        _assert_same_state(states[0], state)  # the replicas: bit-identical
+    for key in states[0]["model"]:
+        torch.testing.assert_close(states[-1]["model"][key], states[0]["model"][key])
+
+
+@pytest.mark.slow
+def test_kill_one_replica_group_survivors_go_on_and_it_heals_from_a_peer(tmp_path) -> None:
+    steps, groups, victim = 40, 3, 2
+    hold = tmp_path / "hold"
+    server, address = _lighthouse(min_replicas=2)
+    try:
+        args = [
+            _ft_args(tmp_path, g, groups, address, steps, min_replicas=2, sleep=0.1, hold=str(hold))
+            for g in range(groups)
+        ]
+        hold.touch()  # every group starts the run once all are up
+        procs = [_spawn(a) for a in args]
+        logs = [Path(a["log"]) for a in args]
+        paths = [a["log"] for a in args]
+
+        def ready(g: int) -> bool:
+            return any(r.get("ready") and r["pid"] == procs[g].pid for r in _records(logs[g]))
+
+        deadline = time.time() + 240
+        while not all(ready(g) for g in range(groups)):
+            assert time.time() < deadline and all(p.poll() is None for p in procs), "no start"
+            time.sleep(0.1)
+        hold.unlink()
+
+        def committed(g: int) -> list[dict]:
+            return [r for r in _records(logs[g]) if r.get("committed")]
+
+        while len(committed(victim)) < 8:
+            assert time.time() < deadline, "the run did not start"
+            assert all(p.poll() is None for p in procs), "a worker died"
+            time.sleep(0.1)
+        os.kill(procs[victim].pid, signal.SIGKILL)
+        procs[victim].wait()
+        killed_at = max(r["step"] for r in committed(victim))
+
+        # The survivors go on, same processes, the global batch split in two.
+        while not all(
+            any(r["parts"] == 2 and r["step"] >= killed_at + 5 for r in committed(g))
+            for g in range(groups)
+            if g != victim
+        ):
+            assert time.time() < deadline, "the survivors did not go on"
+            assert all(procs[g].poll() is None for g in range(groups) if g != victim)
+            time.sleep(0.1)
+        hold.touch()  # the survivors wait until the restarted group is up (a slow start)
+        procs[victim] = _spawn(args[victim])  # restarted: a fresh process, a new store
+        while not ready(victim):
+            assert time.time() < deadline and procs[victim].poll() is None, "no restart"
+            time.sleep(0.1)
+        resumed_at = max(r["step"] for r in committed(0))
+        hold.unlink()
+        _wait(procs, time.time() + 240, "the run", paths)
+        assert [p.returncode for p in procs] == [0] * groups
+    finally:
+        server.shutdown()
+
+    done = [_records(log)[-1] for log in logs]
+    assert all(d.get("done") for d in done)
+    for g in range(groups):
+        if g == victim:
+            continue
+        recs = [r for r in _records(logs[g]) if "step" in r]
+        assert {r["pid"] for r in recs} == {procs[g].pid}  # never restarted
+        assert all(s < killed_at for s in done[g]["heal_steps"])  # no heal after the kill
+        steps_done = [r["step"] for r in recs if r["committed"]]
+        assert steps_done == list(range(steps_done[0], steps))  # every step, in order, once
+        assert steps_done[0] <= 1
+        # at most the step in progress is lost per failure (each failed commit is redone)
+        assert done[g]["failed_commits"] <= 2
+    # The restarted group healed from a live peer past the kill, then trained in lockstep.
+    heal_steps = done[victim]["heal_steps"]
+    assert len(heal_steps) >= 1 and heal_steps[-1] >= resumed_at, (heal_steps, resumed_at)
+    rejoined = [
+        r for r in _records(logs[victim]) if "step" in r and r["pid"] == done[victim]["pid"]
+    ]
+    assert rejoined[0]["step"] == heal_steps[-1] and rejoined[-1]["step"] == steps - 1
+    assert not list(tmp_path.rglob("*.pth")) and not list(tmp_path.rglob("last_checkpoint"))
+    states = [torch.load(a["out"], weights_only=True) for a in args]
+    _assert_same_state(states[0], states[1])
+    _assert_same_state(states[0], states[2])
+    assert states[0]["schedulers"][0]["_global_step"] == steps
+
+
+if __name__ == "__main__":
+    _worker(json.loads(sys.argv[1]))
