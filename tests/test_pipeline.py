@@ -199,6 +199,16 @@ def test_unknown_schedule_lists_the_known_ones():
     assert parse_pipeline(dict(schedule="gpipe")).schedule == "GPipe"
 
 
+@pytest.mark.parametrize("schedule", ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"])
+def test_zero_bubble_schedules_are_refused_naming_the_ones_that_work(schedule):
+    with pytest.raises(
+        ValueError,
+        match=r"splits the backward .* use one of \['GPipe', '1F1B', "
+        r"'Interleaved1F1B', 'LoopedBFS'\]",
+    ):
+        parse_pipeline(dict(schedule=schedule))
+
+
 def test_a_split_point_naming_no_module_names_the_nearest():
     model = PipeTransformer(layers=2)
     with pytest.raises(
@@ -287,13 +297,14 @@ def test_two_stages_match_one_device(tmp_path, schedule):
     assert not set(first) & set(last)
 
 
-def test_interleaved_1f1b_with_two_stages_per_rank_matches_one_device(tmp_path):
+@pytest.mark.parametrize("schedule", ["Interleaved1F1B", "LoopedBFS"])
+def test_two_stages_per_rank_match_one_device(tmp_path, schedule):
     results = run_distributed(
         _train_pipelined,
         2,
         str(tmp_path),
         dict(pp=2),
-        dict(schedule="Interleaved1F1B", stages_per_rank=2, n_microbatches=4),
+        dict(schedule=schedule, stages_per_rank=2, n_microbatches=4),
         layers=4,
         timeout=240,
     )

@@ -15,7 +15,9 @@ stages is the unsplit model's), and torch's ``torch.distributed.pipelining`` run
   else the model's own ``pipeline_split_points`` attribute, else the layers of the model's
   longest ``ModuleList``/``ModuleDict`` split evenly.
 - ``schedule``: a name of torch's (:data:`SCHEDULE_NAMES`, case-insensitive), default
-  ``'1F1B'``.
+  ``'1F1B'``: ``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``LoopedBFS``. The zero-bubble ones
+  (``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``) are refused for now: their
+  split backward gives wrong gradients on ``fully_shard``-ed stages (torch 2.13).
 - ``n_microbatches``: how many microbatches a batch is cut into (default: the number of
   stages); it must divide the batch.
 - ``stages_per_rank``: 1 for ``GPipe``/``1F1B``, default 2 for the multi-stage schedules
@@ -90,6 +92,10 @@ SCHEDULE_NAMES = (
 )
 _SINGLE = frozenset({"GPipe", "1F1B"})
 _V_SHAPED = frozenset({"ZBVZeroBubble", "DualPipeV"})
+#: Schedules that split the backward into input and weight passes: on stages sharded with
+#: ``fully_shard`` (torch 2.13) their gradients differ from one device's (some are never
+#: reduced), while GPipe, 1F1B, Interleaved1F1B and LoopedBFS match to 1e-14.
+_SPLIT_BACKWARD = frozenset({"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"})
 _KEYS = ("split_points", "split_fn", "schedule", "n_microbatches", "stages_per_rank", "loss_fn")
 _EXAMPLE = "pipeline=dict(split_points=['blocks.2'], schedule='1F1B', n_microbatches=4)"
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict)
@@ -143,6 +149,13 @@ def parse_pipeline(value: Any) -> PipelineConfig:
     if unknown:
         raise ValueError(f"pipeline has unknown keys {unknown}; accepted: {list(_KEYS)}")
     schedule = _schedule_name(value.get("schedule", "1F1B"))
+    if schedule in _SPLIT_BACKWARD:
+        supported = [n for n in SCHEDULE_NAMES if n not in _SPLIT_BACKWARD]
+        raise ValueError(
+            f"pipeline schedule {schedule!r} splits the backward into input and weight passes, "
+            "whose gradients on fully_shard-ed stages differ from one device's (torch "
+            f"{torch.__version__.split('+')[0]}); use one of {supported}"
+        )
     points = value.get("split_points")
     if points is not None:
         if isinstance(points, str) or not all(isinstance(p, str) for p in points):
