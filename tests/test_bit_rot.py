@@ -20,6 +20,8 @@ import pytest
 import torch
 
 from shardwise.checkpoint import CheckpointError, find_last_checkpoint
+from shardwise.checkpoint.inspect import inspect_checkpoint
+from shardwise.checkpoint.verify import verify_checkpoint
 from shardwise.cli import main
 from shardwise.strategies import FSDPStrategy, SingleDeviceStrategy
 from tests.distributed import run_distributed
@@ -205,3 +207,22 @@ def test_a_flipped_byte_in_last_checkpoint_falls_back_to_the_newest_committed(sa
         flip(record, offset)
         found = find_last_checkpoint(work_dir)
         assert found is not None and Path(found).name == "iter_1.pth", (offset, found)
+
+
+def test_a_sharded_index_whose_pickle_a_flipped_byte_left_readable_is_named(saved, tmp_path):
+    """A flipped byte in DCP's index (``.metadata``) may leave a pickle that loads into the
+    wrong objects (a memo reference pointing elsewhere): named as damaged, not an
+    AttributeError later."""
+    source = saved["sharded"]
+    index = next(p.name for p in sorted(source.iterdir()) if p.name.endswith(".metadata"))
+    original = (source / index).read_bytes()
+    copy = Path(shutil.copytree(source, tmp_path / "s.ckpt"))
+    for offset in range(len(original) // 4, 3 * len(original) // 4, 29):
+        (copy / index).write_bytes(original)
+        flip(copy / index, offset)
+        report = verify_checkpoint(copy)
+        assert any(p.file == index for p in report.problems), (offset, report.problems)
+        try:
+            inspect_checkpoint(copy)
+        except CheckpointError as exc:
+            assert index in str(exc) and len(str(exc).splitlines()) == 1, (offset, exc)
