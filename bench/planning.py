@@ -259,7 +259,7 @@ def rank_run(params: int, repeats: int, workdir: str) -> dict[str, Any]:
     # one save and one load first, unrecorded: imports, first-call costs
     warm = root / "warmup"
     with CheckpointCommit(warm, is_dir=True) as staging:
-        save_sharded_checkpoint(state, staging, plan_cache=None)
+        save_sharded_checkpoint(state, staging, plan_cache=None, central_plan=True)
     load_sharded_tensors(warm, *read_sharded_meta(warm), lambda p, s, d: _like(s, d))
     for i in range(repeats + 1):
         order = ("nocache", "cache") if i % 2 == 0 else ("cache", "nocache")
@@ -275,7 +275,10 @@ def rank_run(params: int, repeats: int, workdir: str) -> dict[str, Any]:
             with commit as staging:
                 t0 = time.perf_counter()
                 written = save_sharded_checkpoint(
-                    state, staging, plan_cache=None if mode == "nocache" else "bench"
+                    state,
+                    staging,
+                    plan_cache=None if mode == "nocache" else "bench",
+                    central_plan=True,  # DCP's planning through rank 0 (section 8)
                 )
                 dcp_wall = time.perf_counter() - t0
                 commit.record(*written)

@@ -1,4 +1,4 @@
-"""``shardwise ckpt inspect|convert|verify``: look into, convert and check checkpoints.
+"""``shardwise ckpt inspect|convert|verify|index``: look into, convert and check checkpoints.
 
 Examples::
 
@@ -8,6 +8,7 @@ Examples::
     shardwise ckpt convert iter_1000.pth gpt.safetensors --to safetensors --dtype bf16
     shardwise ckpt convert iter_1000.pth iter_1000_full.pth --to full --model-only
     shardwise ckpt verify work_dirs/gpt/iter_1000.pth            # files, checksums, metadata
+    shardwise ckpt index work_dirs/gpt/iter_1000.pth             # DCP's .metadata, for torch
 
 Exit status: 0 on success; 1 when a checkpoint is damaged or fails verification; 2 for bad
 input (a missing path, an unknown option value, a destination that exists).
@@ -102,6 +103,19 @@ def add_ckpt_parser(sub: argparse._SubParsersAction) -> None:
     )
     verify.add_argument("--no-progress", action="store_true", help="no progress bar")
     verify.set_defaults(func=_verify)
+
+    index = commands.add_parser(
+        "index",
+        help="write DCP's .metadata into a sharded checkpoint, for torch's own tools",
+        description="A sharded checkpoint is saved without a central gather: each rank "
+        "writes its own metadata fragment (__{rank}.metadata) and shardwise reads only the "
+        "fragments it needs. torch's own tools (torch.distributed.checkpoint.load, "
+        "format_utils.dcp_to_torch_save) read one .metadata of every chunk: this merges the "
+        "fragments into it (one process, off the training's critical path). shardwise "
+        "itself never needs it.",
+    )
+    index.add_argument("path", help="a sharded checkpoint directory")
+    index.set_defaults(func=_index)
 
 
 def _error(command: str, message: Any, status: int) -> int:
@@ -202,6 +216,28 @@ def _verify(args: argparse.Namespace) -> int:
     print(f"OK {path} ({report.format}; {checked})")
     if args.write_manifest:
         print(f"recorded {write_manifest(path)}")
+    return 0
+
+
+def _index(args: argparse.Namespace) -> int:
+    from .files import CheckpointError
+    from .planning import is_fragmented, write_merged_metadata
+
+    path = Path(args.path)
+    if not path.is_dir():
+        return _error("index", f"{path} is not a sharded checkpoint directory", _BAD_INPUT)
+    if not is_fragmented(path):
+        if (path / ".metadata").is_file():
+            print(f"{path} already has DCP's .metadata (saved through DCP's central planner)")
+            return 0
+        return _error(
+            "index", f"{path} has no layout.json: not a sharded checkpoint of shardwise", _BAD_INPUT
+        )
+    try:
+        written = write_merged_metadata(path)
+    except CheckpointError as exc:
+        return _error("index", exc, _DAMAGED)
+    print(f"wrote {written}")
     return 0
 
 

@@ -107,6 +107,14 @@ class SafeFileSystemReader(FileSystemReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
+        if kwargs.get("rank") is None and not os.path.exists(path):
+            from .planning import is_fragmented, merged_metadata
+
+            if is_fragmented(self.path):  # saved without a gather: its fragments, merged
+                metadata = merged_metadata(self.path)
+                metadata.storage_meta = metadata.storage_meta or StorageMeta()
+                metadata.storage_meta.load_id = self.load_id
+                return metadata
         with self.fs.create_stream(path, "rb") as stream:
             metadata = load_dcp_metadata(stream, source=str(path))
         if getattr(metadata, "storage_meta", None) is None:

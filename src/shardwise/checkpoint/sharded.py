@@ -41,9 +41,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.utils._pytree import SUPPORTED_NODES
 
 from ..tree import map_leaves, map_with_path
+from . import planning
+from .agreement import on_every_rank
 from .files import CheckpointError, describe_error
 from .full import HashingWriter, WrittenFile, load_full_checkpoint, save_full_checkpoint
 from .safe_dcp import SafeFileSystemReader
@@ -62,10 +65,11 @@ __all__ = [
 ]
 
 DCP_METADATA = ".metadata"
+_GATHER_FREE_BY_DEFAULT = False  # TEMPORARY (issue 27): on once formats.py detects layout.json
 META_FILE = "meta.pt"
 _TENSOR_SECTIONS = ("state_dict", "optimizer")
 REF = "__dcp_tensor__"
-_WRITER = re.compile(r"^__(\d+)_\d+\.distcp$")  # the files DCP's rank N writes
+_WRITER = re.compile(r"^__(\d+)(?:_\d+\.distcp|\.metadata)$")  # the files rank N writes
 
 #: Makes the tensor a stored tensor is loaded into: ``(path in the checkpoint, global shape,
 #: dtype) -> tensor`` (a DTensor to load a shard, a plain tensor to load it whole).
@@ -231,7 +235,8 @@ class _RecordingWriter(dcp.FileSystemWriter):
 
     def finish(self, metadata: Any, results: Any) -> None:
         super().finish(metadata, results)
-        self.names.append(DCP_METADATA)
+        local = not getattr(self, "use_collectives", True) and self.rank is not None
+        self.names.append(Path(self._get_metadata_path(self.rank if local else None)).name)
 
     @property
     def written(self) -> list[WrittenFile]:
@@ -278,25 +283,45 @@ def save_sharded_checkpoint(
     *,
     process_group: torch_dist.ProcessGroup | None = None,
     plan_cache: str | None = None,
+    central_plan: bool | None = None,
 ) -> list[Path | WrittenFile]:
     """Write ``state`` into the directory ``path``; every rank calls it (a collective, on
     ``process_group``, by default the world). Returns the files this rank wrote, each with
     the checksum of its bytes, taken while writing them.
 
-    ``plan_cache`` names a series of saves of the same state layout (e.g. one strategy's
-    periodic saves): DCP then reuses the save plan of the previous save of the series when no
-    rank's local plan changed, instead of gathering, merging and scattering every rank's plan
-    again (DCP checks the local plans, so a changed layout is planned anew).
+    Each rank plans its own writes (:mod:`.planning`: no gather, no scatter, a metadata
+    fragment per rank and ``layout.json``) when every tensor is a DTensor on a mesh of the
+    whole group or a plain tensor (:func:`.planning.plannable`); otherwise, or with
+    ``central_plan=True`` (bench/planning.py's baseline), DCP plans centrally through rank 0
+    and writes one ``.metadata``.
+
+    ``plan_cache`` (DCP's central planning only) names a series of saves of the same state
+    layout (e.g. one strategy's periodic saves): DCP then reuses the save plan of the
+    previous save of the series when no rank's local plan changed, instead of gathering,
+    merging and scattering every rank's plan again (DCP checks the local plans, so a changed
+    layout is planned anew).
 
     The tensors under ``state['state_dict']`` and ``state['optimizer']`` (DTensors are saved
     shard by shard, plain tensors once) go through DCP; rank 0 writes the rest to ``meta.pt``.
-    A failure DCP reports (on every rank, as DCP agrees on it) is raised as CheckpointError.
+    A failure DCP reports is raised as CheckpointError (planned centrally: on every rank, as
+    DCP agrees on it; planned alone: on the failing rank, and the commit agrees).
     On the main thread DCP's records are written without torch's per-record CRC-32 (see
     :func:`_records_without_crc32`): the returned checksums cover every byte.
     """
     path = Path(path)
     tensors: dict[str, torch.Tensor] = {}
     skeleton = {k: _split(k, v, tensors) if k in _TENSOR_SECTIONS else v for k, v in state.items()}
+    distributed = torch_dist.is_available() and torch_dist.is_initialized()
+    world = torch_dist.get_world_size() if distributed else 1
+    rank = torch_dist.get_rank() if distributed else 0
+    in_world = process_group is None or torch_dist.get_world_size(process_group) == world
+    if central_plan is None:
+        central_plan = not _GATHER_FREE_BY_DEFAULT
+    if not central_plan and in_world and planning.plannable(tensors, world):
+        written = _save_without_gather(tensors, path, rank, world)
+        if rank == 0:
+            written.append(save_full_checkpoint(skeleton, path / META_FILE))
+        return written
     writer = _RecordingWriter(path)
     try:
         with _records_without_crc32():
@@ -309,9 +334,41 @@ def save_sharded_checkpoint(
     except CheckpointException as exc:  # a BaseException: turn it into an ordinary error
         raise dcp_error("save", path, exc) from None
     written: list[Path | WrittenFile] = list(writer.written)
-    rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
     if rank == 0:
         written.append(save_full_checkpoint(skeleton, path / META_FILE))
+    return written
+
+
+def _save_without_gather(
+    tensors: dict[str, torch.Tensor], path: Path, rank: int, world: int
+) -> list[Path | WrittenFile]:
+    """This rank's part of a save planned alone (:mod:`.planning`): its chunks to
+    ``__{rank}_0.distcp`` and its metadata fragment to ``__{rank}.metadata`` through DCP's
+    writer in its rank-local mode, ``layout.json`` on rank 0. No collective: the commit that
+    follows is the one agreement. A failed write raises on this rank (the commit agrees)."""
+    writer = _RecordingWriter(path)
+    planner = DefaultSavePlanner()  # resolves each write item to its tensor (DTensor: local)
+    planner.set_up_planner(
+        state_dict=tensors, storage_meta=writer.storage_meta(), is_coordinator=rank == 0
+    )
+    writer.set_up_storage_writer(rank == 0, rank=rank, use_collectives=False)
+    plan, fragment = planning.plan_save(tensors, rank)
+    plan = planner.finish_plan(writer.prepare_local_plan(plan))
+    results = []
+    if plan.items:  # DCP would leave an empty data file behind, which no index names
+        with _records_without_crc32():
+            results = writer.write_data(plan, planner).value()
+    writer.finish(fragment, [results])
+    written: list[Path | WrittenFile] = list(writer.written)
+    if rank == 0:
+        layout = planning.describe(tensors, world).to_json().encode()
+        file = path / planning.LAYOUT_FILE
+        with open(file, "wb") as f:
+            hashing = HashingWriter(f)
+            hashing.write(layout)
+            f.flush()
+            os.fsync(f.fileno())
+        written.append(WrittenFile(file, hashing.hexdigest()))
     return written
 
 
@@ -350,6 +407,8 @@ def read_sharded_meta(
     dtype. Reads two small files on this process alone (no collectives)."""
     path = Path(path)
     meta_file = path / META_FILE
+    if planning.is_fragmented(path) and meta_file.is_file():
+        return _read_meta_with_layout(path)
     if not meta_file.is_file() or not (path / DCP_METADATA).is_file():
         raise CheckpointError(
             f"{path} is not a complete sharded checkpoint: it needs {DCP_METADATA} (written by "
@@ -368,6 +427,62 @@ def read_sharded_meta(
     return skeleton, specs
 
 
+def _read_meta_with_layout(
+    path: Path,
+) -> tuple[dict[str, Any], dict[str, tuple[tuple[str, ...], torch.Size, torch.dtype]]]:
+    """:func:`read_sharded_meta` of a checkpoint saved without a gather: shapes and dtypes
+    from ``layout.json`` (O(tensors), whatever the number of ranks that wrote it)."""
+    skeleton = load_full_checkpoint(path / META_FILE)
+    refs = tensor_refs(skeleton)
+    layout = planning.read_layout(path)
+    missing = sorted(set(refs) - set(layout.tensors))
+    if missing:
+        raise CheckpointError(
+            f"{path}: {META_FILE} refers to tensors that {planning.LAYOUT_FILE} does not "
+            f"list: {missing[:5]}"
+        )
+    specs = {
+        key: (
+            refs[key],
+            torch.Size(layout.tensors[key].shape),
+            planning._dtype(layout.tensors[key].dtype),
+        )
+        for key in refs
+    }
+    return skeleton, specs
+
+
+class _FragmentReader(SafeFileSystemReader):
+    """:class:`SafeFileSystemReader` over metadata already merged from the fragments a rank
+    needs (:mod:`.planning`), instead of a ``.metadata`` file."""
+
+    def __init__(self, path: Path, metadata: Any) -> None:
+        super().__init__(path)
+        self._merged = metadata
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        self._merged.storage_meta = self._merged.storage_meta or StorageMeta()
+        self._merged.storage_meta.load_id = self.load_id
+        return self._merged
+
+
+def _load_from_fragments(path: Path, targets: dict[str, torch.Tensor]) -> None:
+    """Read ``targets`` from a checkpoint saved without a gather, on this rank alone: only the
+    metadata fragments whose chunks overlap this rank's targets, then DCP's load without
+    collectives (its plans need no coordinator: each rank reads what it needs)."""
+    wanted = planning.wanted_chunks(targets)
+    metadata = planning.read_fragments(
+        path, planning.fragments_for(planning.read_layout(path), wanted)
+    )
+    planning.check_coverage(metadata, wanted, str(path))
+    with warnings.catch_warnings():  # no_dist is what we asked for
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        try:
+            dcp.load(targets, storage_reader=_FragmentReader(path, metadata), no_dist=True)
+        except CheckpointException as exc:  # a BaseException: turn it into an ordinary error
+            raise dcp_error("load", path, exc) from None
+
+
 def load_sharded_tensors(
     path: str | os.PathLike[str],
     skeleton: dict[str, Any],
@@ -380,7 +495,14 @@ def load_sharded_tensors(
     ``tensor_factory`` and return the whole checkpoint (a collective unless ``no_dist``)."""
     factory = tensor_factory or _full_tensor
     targets = {key: factory(*spec) for key, spec in specs.items()}
-    if targets:
+    path = Path(path)
+    if targets and planning.is_fragmented(path):
+        distributed = torch_dist.is_available() and torch_dist.is_initialized()
+        if no_dist or not distributed:
+            _load_from_fragments(path, targets)
+        else:  # each rank reads alone; one small agreement on the outcome
+            on_every_rank(lambda: _load_from_fragments(path, targets), f"loading {path}")
+    elif targets:
         with warnings.catch_warnings():  # no_dist is what we asked for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             try:
