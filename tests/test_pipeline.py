@@ -391,13 +391,15 @@ def _resume_on_one_device(work_dir):
 
 @in_float64
 def _resume_pipelined(work_dir, parallelism, pipeline):
+    """Resume the checkpoint under ``parallelism`` (with pipeline stages or without) and train
+    on; returns this rank's losses (its data-parallel share's)."""
     strategy = FSDPStrategy(
         work_dir=work_dir,
         env_kwargs=dict(randomness=dict(seed=0)),
         parallelism=parallelism,
         pipeline=pipeline,
     )
-    _, wrapper = strategy.prepare(
+    model, wrapper = strategy.prepare(
         PipeTransformer(), optim_wrapper=OPTIM, dispatch_kwargs=dict(max_iters=SAVED_AT + MORE)
     )
     strategy.resume(f"{work_dir}/sharded")
@@ -406,10 +408,19 @@ def _resume_pipelined(work_dir, parallelism, pipeline):
         idx, targets = lm_batch(step)
         share = len(idx) // strategy.data_parallel_size
         rows = slice(strategy.data_parallel_rank * share, (strategy.data_parallel_rank + 1) * share)
-        losses.append(
-            float(strategy.pipeline.train_step((idx[rows], targets[rows]), wrapper)["loss"])
-        )
+        batch = (idx[rows], targets[rows])
+        if strategy.pipeline is not None:
+            losses.append(float(strategy.pipeline.train_step(batch, wrapper)["loss"]))
+            continue
+        with wrapper.optim_context(model):
+            loss = model.pipeline_loss(model(batch[0]), batch[1])
+        wrapper.update_params(loss)
+        losses.append(loss.item())
     return losses
+
+
+def _mean_over_ranks(per_rank):
+    return [sum(losses[i] for losses in per_rank) / len(per_rank) for i in range(MORE)]
 
 
 def test_a_two_stage_checkpoint_resumes_on_one_device_and_under_another_schedule(tmp_path):
@@ -506,3 +517,23 @@ def test_the_runner_drives_a_pipelined_step_with_the_logs_of_one_device(tmp_path
         assert got.keys() == ref.keys()
         for key in ref:
             assert got[key] == pytest.approx(ref[key], rel=1e-6), (key, got, ref)
+
+
+@pytest.mark.slow  # 4 ranks, then 2 ranks twice
+def test_a_two_stage_two_shard_checkpoint_resumes_without_stages_with_stages_and_on_one_device(
+    tmp_path,
+):
+    work_dir = str(tmp_path)
+    continued = run_distributed(
+        _pipelined_save_continue,
+        4,
+        work_dir,
+        dict(pp=2, dp_shard=2),
+        dict(schedule="1F1B", n_microbatches=2),
+        timeout=300,
+    )
+    want = _mean_over_ranks(continued)
+    for parallelism, pipeline in [(dict(dp_shard=2), None), (dict(pp=2), dict(schedule="GPipe"))]:
+        got = run_distributed(_resume_pipelined, 2, work_dir, parallelism, pipeline, timeout=300)
+        assert _mean_over_ranks(got) == pytest.approx(want, rel=TOLERANCE, abs=0), parallelism
+    assert _resume_on_one_device(work_dir) == pytest.approx(want, rel=TOLERANCE, abs=0)
