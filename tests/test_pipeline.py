@@ -183,6 +183,22 @@ def test_several_stages_per_rank_share_one_part_with_unsplit_names():
     assert views[0].head is None and views[1].head is part.head
 
 
+def test_split_points_come_from_the_config_a_function_the_model_or_an_even_split():
+    model = PipeTransformer(layers=4)
+
+    def units(config, pp=2):
+        return plan_pipeline(model, parse_pipeline(config), pp=pp).units
+
+    even = units(None)
+    assert even == (("tok", "blocks.0", "blocks.1"), ("blocks.2", "blocks.3", "ln_f", "head"))
+    assert units(dict(split_points=["blocks.1"]))[1][0] == "blocks.1"
+    assert units(dict(split_fn=lambda m, n: ["blocks.3"]))[1][0] == "blocks.3"
+    model.pipeline_split_points = ["blocks.1"]
+    assert units(None)[1][0] == "blocks.1"
+    model.pipeline_split_points = lambda n_stages: [f"blocks.{i}" for i in range(1, n_stages)]
+    assert [u[0] for u in units(None, pp=4)] == ["tok", "blocks.1", "blocks.2", "blocks.3"]
+
+
 def test_stage_placement_is_looped_or_v_shaped():
     assert [stage_ids_of_rank(r, 2, 2, False) for r in range(2)] == [(0, 2), (1, 3)]
     assert [stage_ids_of_rank(r, 2, 2, True) for r in range(2)] == [(0, 3), (1, 2)]
