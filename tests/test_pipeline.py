@@ -276,6 +276,28 @@ def _prepare_with(work_dir, pipeline):
     return None, strategy.mesh
 
 
+def _step_with_batch(work_dir, batch):
+    strategy = FSDPStrategy(
+        work_dir=work_dir, parallelism=dict(pp=2), pipeline=dict(n_microbatches=4)
+    )
+    _, wrapper = strategy.prepare(
+        PipeTransformer(), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1))
+    )
+    idx, targets = lm_batch(0, batch=batch)
+    try:
+        strategy.pipeline.train_step((idx, targets), wrapper)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_batch_the_microbatches_do_not_divide_is_refused_on_every_rank(tmp_path):
+    results = run_distributed(_step_with_batch, 2, str(tmp_path), 6)
+    assert results[0] == results[1] and "n_microbatches=4 does not divide the batch of 6" in (
+        results[0] or ""
+    )
+
+
 def test_bad_split_points_are_refused_on_every_rank_before_anything_is_split(tmp_path):
     results = run_distributed(_prepare_with, 2, str(tmp_path), dict(split_points=["blocks.7"]))
     messages = {message for message, _ in results}

@@ -568,8 +568,13 @@ class Pipeline:
         sharded gradients. Returns ``dict(loss=...)``: the mean of the microbatches' losses,
         computed on the last stage and broadcast to every pipeline rank.
         """
-        from shardwise.optim import AmpOptimWrapper
+        from shardwise.optim import AmpOptimWrapper, OptimWrapperDict
 
+        if isinstance(optim_wrapper, OptimWrapperDict):
+            raise TypeError(
+                "a pipelined train step updates one optimizer, but optim_wrapper holds several "
+                f"({sorted(optim_wrapper.keys())}); give one optimizer"
+            )
         if isinstance(optim_wrapper, AmpOptimWrapper):
             raise TypeError(
                 "pipeline parallelism does not support AmpOptimWrapper's loss scaling yet; use "
