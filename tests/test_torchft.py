@@ -160,7 +160,9 @@ def _wait(procs, deadline: float, what: str, paths=()) -> None:
             pytest.fail(f"{what} did not finish in time\n{errs}")
 
 
-def _ft_args(tmp: Path, group: int, groups: int, lighthouse: str, steps: int, **extra) -> dict:
+def _ft_args(
+    tmp: Path, group: int, groups: int, lighthouse: str, steps: int, rank: int = 0, **extra
+) -> dict:
     ft = dict(
         replica_group=group,
         num_replica_groups=groups,
@@ -175,8 +177,8 @@ def _ft_args(tmp: Path, group: int, groups: int, lighthouse: str, steps: int, **
         ft=ft,
         steps=steps,
         work_dir=str(tmp / f"g{group}"),
-        log=str(tmp / f"g{group}.jsonl"),
-        out=str(tmp / f"g{group}.pt"),
+        log=str(tmp / (f"g{group}.jsonl" if rank == 0 else f"g{group}r{rank}.jsonl")),
+        out=str(tmp / (f"g{group}.pt" if rank == 0 else f"g{group}r{rank}.pt")),
         **extra,
     )
 
@@ -240,6 +242,19 @@ def test_unreachable_lighthouse_fails_in_one_line_within_connect_timeout(tmp_pat
     assert time.time() - start < 60
 
 
+def test_a_replica_group_of_two_ranks_is_refused_on_both(tmp_path) -> None:
+    args = [_ft_args(tmp_path, 0, 2, "http://127.0.0.1:1", steps=2, rank=r) for r in range(2)]
+    port = _free_port()
+    procs = [_spawn(a, rank=r, world=2, port=port) for r, a in enumerate(args)]
+    _wait(procs, time.time() + 120, "the workers", [a["log"] for a in args])
+    for a, p in zip(args, procs, strict=True):
+        err = Path(a["log"]).with_suffix(".err").read_text()
+        assert p.returncode != 0
+        assert "fault_tolerance runs one process per replica group, got a replica group of 2" in (
+            err
+        ), err[-2000:]
+
+
 def test_replica_counts_that_disagree_fail_on_every_group(tmp_path) -> None:
     server, address = _lighthouse(min_replicas=2)
     try:
@@ -258,14 +273,22 @@ def test_replica_counts_that_disagree_fail_on_every_group(tmp_path) -> None:
 # ---------------------------------------------------------------------- training
 @pytest.mark.slow
 def test_without_failures_losses_equal_plain_ddp(tmp_path) -> None:
-    steps, groups = 12, 3
+    """The same steps, data split and replica count: FT-DDP (torchft's quorum, in-group then
+    cross-group averaging) gives plain DDP's losses on every rank."""
+    steps, groups, group_size = 12, 3, 1
+    world = groups * group_size
     server, address = _lighthouse(min_replicas=groups)
     try:
-        ft_args = [_ft_args(tmp_path / "ft", g, groups, address, steps) for g in range(groups)]
         (tmp_path / "ft").mkdir()
-        procs = [_spawn(a) for a in ft_args]
-        _wait(procs, time.time() + 240, "the FT run", [a["log"] for a in ft_args])
-        assert [p.returncode for p in procs] == [0] * groups
+        ft_args, procs = [], []
+        for g in range(groups):
+            port = _free_port()
+            for r in range(group_size):
+                a = _ft_args(tmp_path / "ft", g, groups, address, steps, rank=r)
+                ft_args.append(a)
+                procs.append(_spawn(a, rank=r, world=group_size, port=port))
+        _wait(procs, time.time() + 300, "the FT run", [a["log"] for a in ft_args])
+        assert [p.returncode for p in procs] == [0] * world
     finally:
         server.shutdown()
     (tmp_path / "plain").mkdir()
@@ -277,28 +300,29 @@ def test_without_failures_losses_equal_plain_ddp(tmp_path) -> None:
             log=str(tmp_path / "plain" / f"r{r}.jsonl"),
             out=str(tmp_path / "plain" / f"r{r}.pt"),
         )
-        for r in range(groups)
+        for r in range(world)
     ]
-    procs = [_spawn(a, rank=r, world=groups, port=port) for r, a in enumerate(plain)]
+    procs = [_spawn(a, rank=r, world=world, port=port) for r, a in enumerate(plain)]
     _wait(procs, time.time() + 240, "the plain DDP run", [a["log"] for a in plain])
-    assert [p.returncode for p in procs] == [0] * groups
+    assert [p.returncode for p in procs] == [0] * world
 
     def losses(args_list):
         out = {}
         for a in args_list:
             for rec in _records(Path(a["log"])):
                 if "step" in rec:
-                    assert rec["committed"] and rec["parts"] == groups
+                    assert rec["committed"] and rec["parts"] in (groups, world)
                     out[(rec["step"], rec["part"])] = rec["loss"]
         return out
 
     ft_losses, plain_losses = losses(ft_args), losses(plain)
-    assert len(plain_losses) == steps * groups
+    assert len(plain_losses) == steps * world
     assert sorted(ft_losses) == sorted(plain_losses)
     for key, value in plain_losses.items():
         assert abs(ft_losses[key] - value) <= 1e-6, (key, ft_losses[key], value)
     # a full state dict is on rank 0 only: every replica group's, the plain run's rank 0
-    states = [torch.load(a["out"], weights_only=True) for a in [*ft_args, plain[0]]]
+    firsts = [a for a in ft_args if "r" not in Path(a["out"]).stem]
+    states = [torch.load(a["out"], weights_only=True) for a in [*firsts, plain[0]]]
     for state in states[1:-1]:
         _assert_same_state(states[0], state)  # the replicas: bit-identical
     for key in states[0]["model"]:

@@ -25,6 +25,11 @@ Nothing is skipped or repeated when a group is lost: every step's global batch i
 among the groups live in that step's quorum (the step in progress when a group dies is
 redone by the survivors, since its commit fails).
 
+A replica group is one process for now: torchft heals each rank of a group from the same
+rank of a peer group, independently, while the state objects of a multi-rank group take
+collective state dicts (full tensors gathered on rank 0, every rank's RNG state), which would
+wait on ranks that are not healing. FSDP inside a replica group (FT-HSDP) is not built yet.
+
 torchft is optional: ``pip install shardwise[ft]``.
 """
 
@@ -200,6 +205,13 @@ class FaultTolerance:
         self.group_world_size = (
             dist.get_world_size() if group_world_size is None else group_world_size
         )
+        if self.group_world_size != 1:
+            raise ValueError(
+                f"fault_tolerance runs one process per replica group, got a replica group of "
+                f"{self.group_world_size} ranks (WORLD_SIZE={self.group_world_size}); start "
+                "each replica group with one process (torchrun --nproc-per-node 1) and more "
+                "replica groups instead"
+            )
         store_addr = store_addr or os.environ.get("MASTER_ADDR")
         port = store_port or os.environ.get("MASTER_PORT")
         if not store_addr or not port:
@@ -268,12 +280,9 @@ class FaultTolerance:
 
     # ------------------------------------------------------------------ wiring
     def comm_hook(self, state: Any, bucket: Any) -> torch.futures.Future:
-        """DDP communication hook: the bucket averaged inside the replica group (its default
-        process group), then across the live replica groups through torchft."""
+        """DDP communication hook: the bucket averaged across the live replica groups through
+        torchft's process group."""
         buffer = bucket.buffer()
-        if self.group_world_size > 1:
-            dist.all_reduce(buffer)
-            buffer.div_(self.group_world_size)
         work = self.manager.allreduce(buffer)
         work.wait()
         fut = work.get_future()
