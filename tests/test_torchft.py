@@ -64,6 +64,7 @@ def _worker(args: dict) -> None:
         loss = torch.nn.functional.mse_loss(model(x[part]), y[part])
         optim_wrapper.update_params(loss)
         rec = dict(step=step, loss=loss.item(), parts=parts, part=part[0], pid=os.getpid())
+        rec["time"] = time.time()
         return rec
 
     if ft is None:
