@@ -136,3 +136,22 @@ def test_extras_may_not_overwrite_a_registered_entry(tmp_path):
     with pytest.raises(ValueError, match=r"extra_ckpt keys \['state_dict'\]"):
         checkpointer.save("x.pth", extra_ckpt={"state_dict": {}})
     assert not (tmp_path / "x.pth").exists()
+
+
+def test_one_detection_names_every_format_and_a_safetensors_export_loads_as_weights(tmp_path):
+    from shardwise.checkpoint.convert import convert_checkpoint
+    from shardwise.checkpoint.formats import SAFETENSORS, detect_format, open_checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    Checkpointer(tmp_path, {"state_dict": model}, Layout(FULL)).save("full.pth")
+    convert_checkpoint(tmp_path / "full.pth", tmp_path / "w.safetensors", to="safetensors")
+    assert detect_format(tmp_path / "full.pth", probe=True) is FULL
+    assert detect_format(tmp_path / "w.safetensors", probe=True) is SAFETENSORS
+    opened = open_checkpoint(tmp_path / "w.safetensors")
+    assert opened.format is SAFETENSORS
+    assert sorted(i.name for i in opened.tensors()) == ["bias", "weight"]
+
+    other = torch.nn.Linear(3, 2)
+    Checkpointer(tmp_path, {"state_dict": other}, Layout(FULL)).load("w.safetensors", strict=True)
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in model.state_dict().items())

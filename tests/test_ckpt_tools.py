@@ -209,7 +209,8 @@ def test_inspect_reads_no_tensor_data_of_a_full_checkpoint(full_ckpt, monkeypatc
         raise AssertionError("inspect read tensor data")
 
     monkeypatch.setattr(torch, "load", load_on_meta_only)
-    monkeypatch.setattr("shardwise.checkpoint.reader._read_bytes", refuse)
+    monkeypatch.setattr("shardwise.checkpoint.full.read_bytes", refuse)
+    monkeypatch.setattr("shardwise.checkpoint.formats.read_bytes", refuse)
     assert inspect_checkpoint(full_ckpt)["tensor_count"] == 27
 
 

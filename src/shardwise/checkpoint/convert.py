@@ -37,15 +37,9 @@ from ..dtypes import parse_dtype
 from ..tree import map_with_path
 from .commit import CheckpointCommit, check_replaceable
 from .files import CheckpointError
-from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat
+from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat, open_checkpoint
 from .manifest import check_checksums
-from .reader import (
-    MODEL,
-    CheckpointReader,
-    TensorInfo,
-    local_checkpoint_error,
-    open_checkpoint,
-)
+from .opened import MODEL, OpenCheckpoint, TensorInfo
 from .safetensors_export import export_safetensors, safetensors_header
 
 __all__ = ["CAST_DTYPES", "TARGETS", "convert_checkpoint"]
@@ -97,7 +91,7 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
     )
 
 
-def _converted_meta(reader: CheckpointReader, meta: Any, **record: Any) -> dict[str, Any]:
+def _converted_meta(reader: OpenCheckpoint, meta: Any, **record: Any) -> dict[str, Any]:
     meta = dict(meta) if isinstance(meta, dict) else {}
     meta["converted_from"] = dict(
         path=str(reader.path.absolute()),
@@ -108,7 +102,7 @@ def _converted_meta(reader: CheckpointReader, meta: Any, **record: Any) -> dict[
     return meta
 
 
-def _safetensors_metadata(reader: CheckpointReader, dtype: torch.dtype | None) -> dict[str, str]:
+def _safetensors_metadata(reader: OpenCheckpoint, dtype: torch.dtype | None) -> dict[str, str]:
     """String metadata for the safetensors header: what a serving stack or a reader of the
     file wants to know about where the weights came from."""
     metadata = {"format": "pt", "source_format": reader.format.name}
@@ -135,7 +129,7 @@ def _nbytes(tree: Any) -> int:
 
 
 def _load_state(
-    reader: CheckpointReader,
+    reader: OpenCheckpoint,
     tree: dict[str, Any],
     *,
     dtype: torch.dtype | None,
@@ -215,7 +209,7 @@ def convert_checkpoint(
         check_checksums(src)
     reader = open_checkpoint(src)
     if reader.format is LOCAL:
-        raise local_checkpoint_error(src)
+        LOCAL.read(src)  # refused, saying where it loads
     if target is SAFETENSORS:  # checks every tensor can be stored before anything is written
         metadata = _safetensors_metadata(reader, cast_to)
         safetensors_header(reader.tensors(MODEL), dtype=cast_to, metadata=metadata)

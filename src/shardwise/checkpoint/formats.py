@@ -5,15 +5,19 @@
 - :data:`SHARDED` (``'sharded'``): a directory holding DCP's ``.metadata``, written by every
   rank (:mod:`.sharded`);
 - :data:`LOCAL` (``'local'``): a directory of ``rank{i}.pth``, each rank's own shards
-  (:mod:`.local`, mmengine's layout).
+  (:mod:`.local`, mmengine's layout);
+- :data:`SAFETENSORS` (``'safetensors'``): an exported file of weights
+  (:mod:`.safetensors_file`), read like a full checkpoint, never saved by a strategy.
 
 A format object holds what differs between them: its shape on disk (``is_dir``), whether the
 state is gathered whole (``gathered``), what a rank writes (:meth:`~CheckpointFormat.write`)
 and stages for an asynchronous save (:meth:`~CheckpointFormat.stage`), how one process reads a
 checkpoint whole (:meth:`~CheckpointFormat.read`) and how the ranks of a sharded run read it
 onto their shards (:meth:`~CheckpointFormat.read_onto`, the strategy giving a
-:class:`Placement`). The rest of shardwise holds format objects: a name becomes one once, at
-the boundary (:func:`format_named`), a path through :func:`detect_format`.
+:class:`Placement`), and how the checkpoint tools open it to read tensor by tensor
+(:meth:`~CheckpointFormat.open`, :mod:`.opened`). The rest of shardwise holds format objects:
+a name becomes one once, at the boundary (:func:`format_named`), a path through
+:func:`detect_format`, the one detection function.
 
 Example::
 
@@ -26,26 +30,37 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from ..tree import map_tensors
+from ..tree import map_tensors, map_with_path
+from .dcp_index import dcp_files, read_dcp_metadata
 from .files import CheckpointError
 from .full import (
     WrittenFile,
     check_torch_file,
+    damaged_file_error,
     is_bare_state_dict,
     load_full_checkpoint,
+    load_with_offsets,
+    read_bytes,
+    read_tensor_at,
     save_full_checkpoint,
 )
-from .local import load_local_checkpoint, local_ranks, save_local_checkpoint
+from .local import load_local_checkpoint, local_ranks, rank_file, save_local_checkpoint
 from .manifest import ChecksumCheck, checksums_checked, recorded_files
+from .opened import MODEL, OpenCheckpoint, TensorInfo, map_infos, normalize
+from .safe_dcp import SafeFileSystemReader
+from .safetensors_file import TORCH_DTYPES, is_safetensors_file, read_safetensors_header
 from .sharded import (
     DCP_METADATA,
     META_FILE,
+    REF,
+    is_ref,
     load_sharded_checkpoint,
     load_sharded_tensors,
     read_sharded_meta,
@@ -63,7 +78,7 @@ __all__ = [
     "Placement",
     "detect_format",
     "format_named",
-    "probe_checkpoint",
+    "open_checkpoint",
     "read_checkpoint",
 ]
 
@@ -136,6 +151,26 @@ class CheckpointFormat:
     def probe(self, path: Path) -> None:
         """Refuse, cheaply, what only looks like a checkpoint of this format."""
 
+    def open(self, path: Path) -> OpenCheckpoint:
+        """The checkpoint at ``path`` opened for reading tensor by tensor (:mod:`.opened`):
+        only what describes it is read now."""
+        raise NotImplementedError
+
+    def read_tensor(
+        self, opened: OpenCheckpoint, info: TensorInfo, out: torch.Tensor | None
+    ) -> torch.Tensor:
+        """One tensor of a checkpoint this format opened, whole (into ``out`` if given)."""
+        raise NotImplementedError
+
+    def load_tensors(
+        self,
+        opened: OpenCheckpoint,
+        tree: Any,
+        on_tensor: Callable[[TensorInfo], None] | None,
+    ) -> Any:
+        """``tree`` (part of ``opened.skeleton``) with every tensor read (here one by one)."""
+        return opened.load_each(tree, on_tensor)
+
     def layout(self, files: int, ranks: int) -> str:
         """How ``ckpt inspect`` describes the layout on disk."""
         raise NotImplementedError
@@ -162,7 +197,7 @@ class _Full(CheckpointFormat):
 
         def read() -> dict[str, Any]:
             with checksums_checked(path, enabled=verify):
-                checkpoint.update(load_full_checkpoint(path, map_location="cpu"))
+                checkpoint.update(self.read(path, "cpu"))
             return _skeleton(checkpoint)
 
         skeleton = placement.on_rank0(read)
@@ -172,6 +207,66 @@ class _Full(CheckpointFormat):
 
     def probe(self, path):
         check_torch_file(path)
+
+    def open(self, path):
+        """The pickle is read with every tensor on the meta device, which records each
+        storage's byte offset in the file: a tensor is read from its bytes alone."""
+        stored: dict[str, torch.Tensor] = {}
+        try:
+            tree = load_with_offsets(path)
+            if tree is None:  # not a zip archive (legacy torch.save): no offsets, read it whole
+                tree = load_full_checkpoint(path)
+        except (CheckpointError, FileNotFoundError, PermissionError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - damaged bytes fail zipfile in many ways
+            raise damaged_file_error(path, exc) from exc
+
+        def describe(leaf_path: tuple[str, ...], leaf: Any) -> Any:
+            if not isinstance(leaf, torch.Tensor):
+                return leaf
+            stored["/".join(leaf_path)] = leaf
+            return TensorInfo(leaf_path, tuple(leaf.shape), leaf.dtype)
+
+        skeleton = map_with_path(describe, normalize(tree, path), is_leaf=is_ref)
+        return OpenCheckpoint(path, self, skeleton, [path.name], stored)
+
+    def read_tensor(self, opened, info, out):
+        stored = opened.index[info.key]
+        if stored.device.type != "meta":
+            return stored if out is None else out.copy_(stored)
+        storage = stored.untyped_storage()
+        offset = storage._checkpoint_offset  # torch.load(map_location='meta') records it
+        if stored.is_contiguous():
+            start = offset + stored.storage_offset() * stored.element_size()
+            return read_tensor_at(opened.path, start, info.shape, info.dtype, out)
+        data = read_bytes(opened.path, offset, storage.nbytes()).view(stored.dtype)
+        whole = data.as_strided(stored.shape, stored.stride(), stored.storage_offset())
+        return whole.clone() if out is None else out.copy_(whole)
+
+    def load_tensors(self, opened, tree, on_tensor):
+        """Through ``torch.load(mmap=True)``: tensors that shared storage still do, and
+        bytes are read only when used."""
+        if any(t.device.type != "meta" for t in opened.index.values()):
+            return opened.load_each(tree, on_tensor)  # read whole already
+        try:
+            whole = load_full_checkpoint(opened.path, map_location="cpu", mmap=True)
+        except Exception as exc:  # noqa: BLE001 - the pickle read fine a moment ago
+            raise CheckpointError(f"{opened.path} cannot be read: {exc}") from exc
+        stored: dict[str, torch.Tensor] = {}
+
+        def index(leaf_path: tuple[str, ...], leaf: Any) -> Any:
+            if isinstance(leaf, torch.Tensor):
+                stored["/".join(leaf_path)] = leaf
+            return leaf
+
+        map_with_path(index, normalize(whole, opened.path), is_leaf=is_ref)
+
+        def fill(info: TensorInfo) -> torch.Tensor:
+            if on_tensor is not None:
+                on_tensor(info)
+            return stored[info.key]
+
+        return map_infos(fill, tree)
 
     def layout(self, files, ranks):
         return "one torch.save file"
@@ -218,6 +313,71 @@ class _Sharded(CheckpointFormat):
                 f"{META_FILE}"
             )
 
+    def open(self, path):
+        """Shapes and dtypes from DCP's index, the rest from ``meta.pt``; a tensor is read
+        with DCP (no process group), its chunks gathered."""
+        if not (path / META_FILE).is_file():
+            raise CheckpointError(
+                f"{path} is not a complete sharded checkpoint: {META_FILE} is missing (found "
+                f"{sorted(os.listdir(path))}); it was not written by shardwise, or was cut short"
+            )
+        metadata = read_dcp_metadata(path)
+        stored = metadata.state_dict_metadata
+        keys: dict[str, str] = {}  # TensorInfo.key -> the key DCP stored it under
+        skeleton = normalize(load_full_checkpoint(path / META_FILE), path / META_FILE)
+
+        def describe(leaf_path: tuple[str, ...], leaf: Any) -> Any:
+            if not is_ref(leaf):
+                return leaf
+            key = leaf[REF]
+            if key not in stored or not hasattr(stored[key], "chunks"):
+                raise CheckpointError(
+                    f"{path}: {META_FILE} refers to tensor {key!r}, which {DCP_METADATA} does "
+                    "not hold; the checkpoint is inconsistent"
+                )
+            md = stored[key]
+            info = TensorInfo(leaf_path, tuple(md.size), md.properties.dtype)
+            keys[info.key] = key
+            return info
+
+        files = sorted({DCP_METADATA, META_FILE} | dcp_files(metadata))
+        skeleton = map_with_path(describe, skeleton, is_leaf=is_ref)
+        return OpenCheckpoint(path, self, skeleton, files, keys)
+
+    def read_tensor(self, opened, info, out):
+        return self._load(opened, [info], {} if out is None else {info.key: out})[info.key]
+
+    def load_tensors(self, opened, tree, on_tensor):
+        if on_tensor is not None:  # tensor by tensor, so that progress can be shown
+            return opened.load_each(tree, on_tensor)
+        infos: list[TensorInfo] = []
+        map_infos(infos.append, tree)
+        loaded = self._load(opened, infos)
+        return map_infos(lambda info: loaded[info.key], tree)
+
+    @staticmethod
+    def _load(
+        opened: OpenCheckpoint,
+        infos: list[TensorInfo],
+        out: Mapping[str, torch.Tensor] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """The tensors ``infos`` in one DCP load (into ``out``'s tensors where given)."""
+        keys, out = opened.index, out or {}
+        targets = {
+            keys[info.key]: out[info.key]
+            if info.key in out
+            else torch.empty(info.shape, dtype=info.dtype)
+            for info in infos
+        }
+        if targets:
+            import torch.distributed.checkpoint as dcp
+
+            with warnings.catch_warnings():  # one process without a process group: intended
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                reader = SafeFileSystemReader(opened.path)
+                dcp.load(targets, storage_reader=reader, no_dist=True)
+        return {info.key: targets[keys[info.key]] for info in infos}
+
     def layout(self, files, ranks):
         return f"DCP directory, {files} files"
 
@@ -232,7 +392,7 @@ class _Local(CheckpointFormat):
         raise CheckpointError(
             f"{path} is a local checkpoint (one rank{{i}}.pth per rank, each holding that "
             "rank's shards); it loads only under FSDPStrategy on the same number of ranks. Load "
-            "it there and save it again with state_dict_cfg='full' or 'sharded' to use it "
+            "it there and save it again with state_dict_cfg='sharded' or 'full' to use it "
             "elsewhere"
         )
 
@@ -255,11 +415,67 @@ class _Local(CheckpointFormat):
     def layout(self, files, ranks):
         return f"directory of {ranks} rank files"
 
+    def open(self, path):
+        """Each rank's file opened as a full checkpoint (its tensors are that rank's shards,
+        ``index``: rank -> opened file); the skeleton is rank 0's. Tensors are not read whole:
+        only FSDPStrategy on the same ranks can place them."""
+        ranks = {rank: FULL.open(rank_file(path, rank)) for rank in local_ranks(path)}
+        files = [rank_file(path, rank).name for rank in ranks]
+        return OpenCheckpoint(path, self, ranks[min(ranks)].skeleton, files, ranks)
 
-class _Safetensors(CheckpointFormat):
-    """An exported safetensors file: weights only, read by the checkpoint tools."""
+    def read_tensor(self, opened, info, out):
+        return self.read(opened.path)  # refused, saying where it loads
 
-    name, is_dir = "safetensors", False
+
+class _Safetensors(_Full):
+    """An exported safetensors file: the model weights (under ``state_dict``) and string
+    metadata (under ``meta``); read like a full checkpoint (``load_from`` one, say), never
+    saved by a strategy (``ckpt convert --to safetensors`` exports one)."""
+
+    name = "safetensors"
+
+    def write(self, state, staging, *, rank, group=None, plan=None):
+        raise ValueError("a strategy does not save safetensors; export with ckpt convert")
+
+    def read(self, path, map_location="cpu"):
+        checkpoint = self.open(path).load()
+        if map_location not in ("cpu", None, torch.device("cpu")):
+            checkpoint = map_tensors(lambda t: t.to(map_location), checkpoint)
+        return checkpoint
+
+    def probe(self, path):
+        read_safetensors_header(path)
+
+    def open(self, path):
+        header, start = read_safetensors_header(path)
+        offsets: dict[str, tuple[int, int]] = {}
+        state_dict: dict[str, TensorInfo] = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype = TORCH_DTYPES[entry["dtype"]]
+                begin, end = entry["data_offsets"]
+                state_dict[name] = TensorInfo((MODEL, name), tuple(entry["shape"]), dtype)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CheckpointError(
+                    f"{path}: the safetensors header entry for {name!r} is invalid ({entry!r})"
+                ) from exc
+            offsets[name] = (start + begin, start + end)
+        skeleton = {MODEL: state_dict, "meta": dict(header.get("__metadata__") or {})}
+        return OpenCheckpoint(path, self, skeleton, [path.name], offsets)
+
+    def read_tensor(self, opened, info, out):
+        begin, end = opened.index[info.path[1]]
+        if end - begin != info.nbytes:
+            raise CheckpointError(
+                f"{opened.path}: tensor {info.name!r} spans {end - begin} bytes, but its shape "
+                f"and dtype need {info.nbytes}"
+            )
+        return read_tensor_at(opened.path, begin, info.shape, info.dtype, out)
+
+    def load_tensors(self, opened, tree, on_tensor):
+        return opened.load_each(tree, on_tensor)
 
     def layout(self, files, ranks):
         return "safetensors file, weights only"
@@ -280,13 +496,17 @@ def format_named(name: Any, what: str = "format") -> CheckpointFormat:
     return FORMATS[name]
 
 
-def detect_format(path: str | os.PathLike[str]) -> CheckpointFormat:
-    """:data:`FULL` for a file, :data:`SHARDED` for a directory holding DCP's ``.metadata``,
-    :data:`LOCAL` for a directory of ``rank{i}.pth``.
+def detect_format(path: str | os.PathLike[str], *, probe: bool = False) -> CheckpointFormat:
+    """The format of what is at ``path``, told from what is on disk: :data:`SHARDED` for a
+    directory holding DCP's ``.metadata``, :data:`LOCAL` for a directory of ``rank{i}.pth``,
+    :data:`SAFETENSORS` for a file that starts like one, else :data:`FULL`. With ``probe``,
+    a cheap look that it really is one (the first bytes of a file, the index files of a
+    directory); no tensor is read.
 
     Raises:
         FileNotFoundError: nothing is at ``path``.
-        CheckpointError: a directory that is none of these.
+        CheckpointError: a directory that is none of these; with ``probe``, a file or
+            directory that only looks like a checkpoint, saying why.
     """
     path = Path(path)
     if not path.exists():
@@ -295,28 +515,31 @@ def detect_format(path: str | os.PathLike[str]) -> CheckpointFormat:
             "directory (work_dir/last_checkpoint names the latest one)"
         )
     if not path.is_dir():
-        return FULL
-    if (path / DCP_METADATA).is_file():
-        return SHARDED
-    if local_ranks(path):
-        return LOCAL
-    raise CheckpointError(
-        f"{path} is a directory but not a checkpoint: a sharded checkpoint holds {DCP_METADATA}, "
-        f"a local one rank0.pth, rank1.pth, ...; it holds {sorted(os.listdir(path))[:10]}"
-    )
+        fmt = SAFETENSORS if is_safetensors_file(path) else FULL
+    elif (path / DCP_METADATA).is_file():
+        fmt = SHARDED
+    elif local_ranks(path):
+        fmt = LOCAL
+    else:
+        raise CheckpointError(
+            f"{path} is a directory but not a checkpoint: a sharded checkpoint holds "
+            f"{DCP_METADATA}, a local one rank0.pth, rank1.pth, ...; it holds "
+            f"{sorted(os.listdir(path))[:10]}"
+        )
+    if probe:
+        fmt.probe(path)
+    return fmt
 
 
-def probe_checkpoint(path: str | os.PathLike[str]) -> CheckpointFormat:
-    """The format of the checkpoint at ``path``, after a cheap look that it is one (the first
-    bytes of a file, the index files of a directory); reads no tensor.
+def open_checkpoint(path: str | os.PathLike[str]) -> OpenCheckpoint:
+    """Open a full, sharded or local checkpoint, or a safetensors file, for reading tensor by
+    tensor (:mod:`.opened`); only its metadata is read now.
 
     Raises:
         FileNotFoundError: nothing is at ``path``.
-        CheckpointError: ``path`` is not a checkpoint, saying why.
+        CheckpointError: it is not a checkpoint, or is damaged.
     """
-    fmt = detect_format(path)
-    fmt.probe(Path(path))
-    return fmt
+    return detect_format(path).open(Path(path))
 
 
 def read_checkpoint(

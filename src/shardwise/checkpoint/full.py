@@ -13,22 +13,27 @@ import ctypes
 import os
 import pickle
 import sys
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
-from .files import CheckpointError
+from .files import CheckpointError, describe_error
 from .manifest import new_checksum
 from .mmengine_compat import mmengine_safe_globals, mmengine_to_plain
 
 __all__ = [
     "HashingWriter",
     "check_torch_file",
+    "damaged_file_error",
     "is_bare_state_dict",
     "WrittenFile",
     "load_full_checkpoint",
+    "load_with_offsets",
+    "read_bytes",
+    "read_tensor_at",
     "save_full_checkpoint",
 ]
 
@@ -211,3 +216,65 @@ def _refusal(exc: pickle.UnpicklingError) -> str:
     reason = (reasons or lines or [type(exc).__name__])[0]
     reason = reason.removeprefix("WeightsUnpickler error: ")
     return reason.split(" Please use `torch.serialization", 1)[0].rstrip(".")
+
+
+# ----------------------------------------------------------------------------- reading by offset
+def load_with_offsets(path: Path) -> Any:
+    """The checkpoint with every tensor on the meta device (nothing but the pickle is read),
+    or None for a file ``torch.load`` cannot give offsets for (not a zip, big-endian)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            byteorder = [n for n in archive.namelist() if n.endswith("/byteorder")]
+            if byteorder and archive.read(byteorder[0]) != b"little":
+                return None
+    except zipfile.BadZipFile:  # (a damaged directory may fail otherwise: the reader says so)
+        with open(path, "rb") as f:
+            head = f.read(2)
+        if head == b"PK":  # a zip whose directory is damaged: truncated or overwritten
+            raise CheckpointError(
+                f"{path} is a damaged torch.save archive (truncated or overwritten): its zip "
+                "directory cannot be read; restore it from a copy or save it again"
+            ) from None
+        return None
+    return load_full_checkpoint(path, map_location="meta")
+
+
+def damaged_file_error(path: Path, exc: BaseException) -> CheckpointError:
+    """One line for a file whose bytes fail to parse (``exc``: zipfile's or pickle's error,
+    whatever the damaged byte made of it)."""
+    return CheckpointError(
+        f"{path} is damaged: it cannot be read as a torch.save archive ({describe_error(exc)}); "
+        "its bytes changed after the save (bit rot, a bad copy): restore it from a copy"
+    )
+
+
+def read_tensor_at(
+    path: Path,
+    start: int,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The contiguous tensor of ``shape`` and ``dtype`` whose bytes start at ``start`` (into
+    ``out`` if given)."""
+    if out is None:
+        out = torch.empty(shape, dtype=dtype)
+    read_bytes(path, start, out.numel() * out.element_size(), out.view(-1).view(torch.uint8))
+    return out
+
+
+def read_bytes(
+    path: Path, start: int, length: int, data: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``length`` bytes at ``start`` (into the uint8 tensor ``data`` if given)."""
+    if data is None:
+        data = torch.empty(length, dtype=torch.uint8)
+    with open(path, "rb") as f:
+        f.seek(start)
+        got = f.readinto(memoryview(data.numpy())) if length else 0
+    if got != length:
+        raise CheckpointError(
+            f"{path} is truncated: a tensor needs bytes {start}..{start + length}, the file "
+            f"has {os.path.getsize(path)}"
+        )
+    return data

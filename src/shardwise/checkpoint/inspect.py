@@ -4,7 +4,7 @@
 world size, shardwise version, time), the training position (epoch / iter / step) when ``meta``
 records one, totals by state and dtype, and every model and optimizer tensor's shape, dtype
 and size — read from the checkpoint's metadata alone (see
-:func:`~shardwise.checkpoint.reader.open_checkpoint`). A checkpoint saved from a DeviceMesh
+:func:`~shardwise.checkpoint.formats.open_checkpoint`). A checkpoint saved from a DeviceMesh
 records the mesh and each DTensor parameter's placements in ``meta`` (``mesh``,
 ``placements``); they are shown with the model tensors.
 :func:`format_inspection` renders it for a terminal: a summary with the largest tensors, or
@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
+from .formats import LOCAL, open_checkpoint
 from .manifest import manifest_path
-from .reader import MODEL, TENSOR_SECTIONS, LocalReader, TensorInfo, open_checkpoint
+from .opened import MODEL, TENSOR_SECTIONS, TensorInfo
 
 __all__ = ["format_inspection", "inspect_checkpoint"]
 
@@ -137,15 +138,15 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         entry["numel"] += t.numel
         entry["nbytes"] += t.nbytes
     world_size = meta.get("world_size")
-    if isinstance(reader, LocalReader) and world_size is None:
-        world_size = len(reader.ranks)
+    if reader.format is LOCAL and world_size is None:
+        world_size = len(reader.index)
     if isinstance(world_size, str) and world_size.isdigit():  # safetensors metadata: strings
         world_size = int(world_size)
     summary: dict[str, Any] = dict(
         path=str(path.absolute()),
         format=reader.format.name,
         layout=reader.format.layout(
-            len(files), len(reader.ranks) if isinstance(reader, LocalReader) else 1
+            len(files), len(reader.index) if reader.format is LOCAL else 1
         ),
         files=files,
         size=sum(f["size"] for f in files),
@@ -162,7 +163,7 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         tensors=[_tensor_entry(t, placements) for t in tensors],
         meta=_meta_summary(meta),
     )
-    if isinstance(reader, LocalReader):
+    if reader.format is LOCAL:
         summary["ranks"] = [
             dict(
                 rank=rank,
@@ -170,7 +171,7 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
                 tensor_count=len(rank_tensors := rank_reader.tensors()),
                 tensor_bytes=sum(t.nbytes for t in rank_tensors),
             )
-            for rank, rank_reader in reader.ranks.items()
+            for rank, rank_reader in reader.index.items()
         ]
         summary["shapes_are"] = "rank 0's shards"
     return _jsonable(summary)

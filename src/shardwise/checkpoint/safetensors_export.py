@@ -4,7 +4,7 @@ The file is written here, in the safetensors format: an 8-byte little-endian hea
 a JSON header (each tensor's ``dtype``, ``shape`` and ``data_offsets``, plus string
 ``__metadata__``) padded with spaces to a multiple of 8 bytes, then every tensor's raw
 little-endian bytes, back to back. The header needs only shapes and dtypes, which a
-:class:`~shardwise.checkpoint.reader.CheckpointReader` knows without reading the weights;
+:class:`~shardwise.checkpoint.opened.OpenCheckpoint` knows without reading the weights;
 each tensor is then read from the source, cast and written before the next one is read, so
 the memory the export needs is that of the largest tensor, not of the model. The output
 loads with ``safetensors.torch.load_file`` (the ``safetensors`` package is not needed to
@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from .files import CheckpointError
-from .reader import MODEL, SAFETENSORS_DTYPES, CheckpointReader, TensorInfo
+from .opened import MODEL, OpenCheckpoint, TensorInfo
+from .safetensors_file import SAFETENSORS_DTYPES
 
 __all__ = ["export_safetensors", "safetensors_header"]
 
@@ -73,7 +74,7 @@ def safetensors_header(
 
 
 def export_safetensors(
-    reader: CheckpointReader,
+    reader: OpenCheckpoint,
     path: str | os.PathLike[str],
     *,
     dtype: torch.dtype | None = None,

@@ -30,17 +30,13 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
+from .dcp_index import dcp_files, read_dcp_metadata
 from .files import CheckpointError, describe_error
-from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat
+from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat, detect_format
 from .local import local_ranks, rank_file
 from .manifest import OnBytes, Problem, manifest_path, read_manifest, verify_manifest
-from .reader import (
-    FullReader,
-    checkpoint_format,
-    dcp_files,
-    read_dcp_metadata,
-    read_safetensors_header,
-)
+from .opened import OpenCheckpoint
+from .safetensors_file import read_safetensors_header
 from .sharded import DCP_METADATA, META_FILE, tensor_refs
 
 __all__ = ["VerifyReport", "verify_checkpoint"]
@@ -101,7 +97,7 @@ def verify_checkpoint(
     except CheckpointError as exc:
         report.problems.append(Problem(manifest_path(path).name, str(exc)))
     try:
-        report.format = checkpoint_format(path)
+        report.format = detect_format(path)
     except CheckpointError as exc:
         report.problems.append(_undetected(path, exc))
         return report
@@ -133,7 +129,7 @@ def _undetected(path: Path, exc: CheckpointError) -> Problem:
 # ----------------------------------------------------------------------------- full
 def _check_full(
     path: Path, report: VerifyReport, deep: bool, on_bytes: OnBytes | None, name: str = ""
-) -> FullReader | None:
+) -> OpenCheckpoint | None:
     name = name or path.name
     try:
         with zipfile.ZipFile(path) as archive:
@@ -153,7 +149,7 @@ def _check_full(
         )
         return None
     try:
-        return FullReader(path)
+        return FULL.open(path)
     except CheckpointError as exc:
         report.problems.append(Problem(name, str(exc)))
         return None

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from shardwise.checkpoint import CheckpointError
-from shardwise.checkpoint.formats import probe_checkpoint
+from shardwise.checkpoint.formats import detect_format
 from shardwise.config import Config
 from shardwise.optim import OptimWrapper
 from shardwise.optim.parts import SINGLE, optim_wrapper_parts
@@ -278,7 +278,7 @@ def check_components(
                     f"{name}={str(path)!r}: no such checkpoint. " + checkpoints_hint(Path(path))
                 )
             try:
-                probe_checkpoint(path)
+                detect_format(path, probe=True)
             except CheckpointError as exc:
                 raise ValueError(f"{name}={str(path)!r}: {exc}") from None
 
