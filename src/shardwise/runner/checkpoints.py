@@ -17,6 +17,13 @@ class RunnerCheckpoints:
     """The checkpoint methods of :class:`~shardwise.runner.Runner` (a base class of it: they
     use its ``strategy``, ``train_loop``, ``message_hub``, ``optim_wrapper`` and hooks)."""
 
+    def _init_checkpoints(self, load_from: Any, resume: Any) -> None:
+        """Where the run starts (mmengine's ``load_from`` and ``resume``)."""
+        self._load_from = None if load_from is None else str(load_from)
+        self._resume = resume
+        self._has_loaded = False
+        self._warned_fresh = False  # a run from scratch over committed checkpoints, said once
+
     # ------------------------------------------------------------------ checkpoints
     def _register_states(self) -> None:
         """Hand the runner's own state objects to the strategy's Checkpointer, after the

@@ -64,7 +64,7 @@ from .log_processor import LogProcessor
 from .loops import EpochBasedTrainLoop, IterBasedTrainLoop, TestLoop, ValLoop
 from .message_hub import MessageHub
 from .priority import Priority
-from .steps import eval_step, mean_over_ranks, parse_losses, train_step
+from .steps import eval_step, parse_losses, train_step
 
 __all__ = ["Runner", "parse_losses", "DEFAULT_HOOKS"]
 
@@ -164,10 +164,7 @@ class Runner(RunnerCheckpoints):
         self._test_dataloader_cfg = test_dataloader
         self._test_cfg = dict(test_cfg) if test_cfg is not None else None
         self._test_evaluator_cfg = test_evaluator
-        self._load_from = None if load_from is None else str(load_from)
-        self._resume = resume
-        self._has_loaded = False
-        self._warned_fresh = False  # a run from scratch over committed checkpoints, said once
+        self._init_checkpoints(load_from, resume)
         self._compile = compile
 
         self.strategy = self.build_strategy(
@@ -501,16 +498,10 @@ class Runner(RunnerCheckpoints):
 
     # ------------------------------------------------------------------ steps
     def train_step(self, data: Any) -> dict[str, torch.Tensor]:
-        """One optimisation step on ``data`` (:func:`~shardwise.runner.steps.train_step`; a
-        model split into pipeline stages runs the strategy's schedule,
-        :meth:`~shardwise.strategies.pipeline.Pipeline.train_step`); returns the logged values
-        (``loss``...), averaged over ranks, as 0-dim tensors."""
+        """One optimisation step on ``data`` (:func:`~shardwise.runner.steps.train_step`);
+        returns the logged values (``loss``...), averaged over ranks, as 0-dim tensors."""
         pipeline = getattr(self.strategy, "pipeline", None)
-        if pipeline is not None:
-            log_vars = pipeline.train_step(data, self.optim_wrapper)
-            log_vars.update(self.optim_wrapper.get_log_vars())
-            return mean_over_ranks(log_vars)
-        return train_step(self.model, self.optim_wrapper, data, self.strategy.device)
+        return train_step(self.model, self.optim_wrapper, data, self.strategy.device, pipeline)
 
     def val_step(self, data: Any) -> Any:
         """The model's outputs for one validation batch (its ``val_step`` when it has one)."""

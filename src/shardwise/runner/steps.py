@@ -21,12 +21,15 @@ __all__ = ["eval_step", "parse_losses", "train_step"]
 
 
 def train_step(
-    model: nn.Module, optim_wrapper: Any, data: Any, device: torch.device
+    model: nn.Module, optim_wrapper: Any, data: Any, device: torch.device, pipeline: Any = None
 ) -> dict[str, torch.Tensor]:
     """One optimisation step on ``data``; returns the logged values (``loss``...), averaged
-    over ranks, as 0-dim tensors."""
+    over ranks, as 0-dim tensors. A model split into pipeline stages runs the ``pipeline``'s
+    schedule (:meth:`~shardwise.strategies.pipeline.Pipeline.train_step`)."""
     own = own_method(model, "train_step")
-    if own is not None:
+    if pipeline is not None:
+        log_vars = pipeline.train_step(data, optim_wrapper)
+    elif own is not None:
         log_vars = check_log_vars(own(data, optim_wrapper=optim_wrapper))
     else:
         if isinstance(optim_wrapper, OptimWrapperDict):
