@@ -62,6 +62,7 @@ def _worker(args: dict) -> None:
     def run_step(step: int, part: list[int], parts: int) -> dict:
         x, y = _data(step)
         loss = torch.nn.functional.mse_loss(model(x[part]), y[part])
+        time.sleep(args.get("sleep", 0.0))  # a kill lands mid-step: the peers wait in the reduce
         optim_wrapper.update_params(loss)
         rec = dict(step=step, loss=loss.item(), parts=parts, part=part[0], pid=os.getpid())
         rec["time"] = time.time()
@@ -86,7 +87,6 @@ def _worker(args: dict) -> None:
                 for s in schedulers:
                     s.step()
             log.write(json.dumps(dict(rec, committed=committed)) + "\n")
-            time.sleep(args.get("sleep", 0.0))
             while hold is not None and hold.exists():
                 time.sleep(0.05)
     state = dict(

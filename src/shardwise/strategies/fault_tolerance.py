@@ -281,12 +281,18 @@ class FaultTolerance:
     # ------------------------------------------------------------------ wiring
     def comm_hook(self, state: Any, bucket: Any) -> torch.futures.Future:
         """DDP communication hook: the bucket averaged across the live replica groups through
-        torchft's process group."""
+        torchft's process group. When a peer dies during the reduction the manager records the
+        error (the step will not commit) and the hook returns a completed future, so that the
+        backward ends instead of waiting on a future that never completes."""
         buffer = bucket.buffer()
         work = self.manager.allreduce(buffer)
-        work.wait()
-        fut = work.get_future()
-        return fut._fut if hasattr(fut, "_fut") and fut._fut is not None else fut
+        ok = work.wait()
+        fut = getattr(work.get_future(), "_fut", None)
+        if ok is False or fut is None or self.manager.errored() is not None:
+            done: torch.futures.Future = torch.futures.Future()
+            done.set_result(buffer.zero_())  # discarded: this step does not commit
+            return done
+        return fut
 
     def wrap_ddp(self, wrapper_cfg: Mapping[str, Any], module: nn.Module, build: Any) -> nn.Module:
         """Build the DDP wrapper (``build(cfg, default_args)``) on a dummy process group, its
