@@ -256,6 +256,21 @@ def test_a_replica_group_of_two_ranks_is_refused_on_both(tmp_path) -> None:
         ), err[-2000:]
 
 
+def test_no_quorum_fails_in_one_line_naming_quorum_timeout(tmp_path) -> None:
+    server, address = _lighthouse(min_replicas=2)  # the other group never comes
+    try:
+        args = _ft_args(tmp_path, 0, 2, address, steps=2, quorum_timeout=3)
+        start = time.time()
+        proc = _spawn(args)
+        _wait([proc], time.time() + 120, "the worker", [args["log"]])
+        err = Path(args["log"]).with_suffix(".err").read_text()
+        assert proc.returncode != 0
+        assert "replica group 0: no quorum within quorum_timeout=3.0s" in err, err[-2000:]
+        assert time.time() - start < 90
+    finally:
+        server.shutdown()
+
+
 def test_replica_counts_that_disagree_fail_on_every_group(tmp_path) -> None:
     server, address = _lighthouse(min_replicas=2)
     try:
