@@ -118,7 +118,9 @@ class CharGPT(nn.Module):
     """A decoder-only transformer over characters.
 
     ``forward(idx, targets)`` returns ``dict(loss=cross_entropy)``; ``forward(idx)`` returns
-    the logits of every position.
+    the logits of every position. Ready for pipeline parallelism (``examples/gpt_pp.py``):
+    ``forward`` skips the modules a stage lacks, ``pipeline_split_points`` splits the blocks
+    evenly and ``pipeline_loss`` is the loss on the last stage.
     """
 
     #: How tensor parallelism splits it (``tp_plan='auto'``): attention by heads, the MLP
@@ -164,14 +166,37 @@ class CharGPT(nn.Module):
                 nn.init.zeros_(p)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.tok_emb(idx) + self.pos_emb(pos)
+        # Written to be split into pipeline stages (FSDPStrategy's parallelism=dict(pp=...)):
+        # a stage runs the modules it has and skips those of other stages (set to None), so
+        # a later stage takes the previous stage's activations in place of ``idx``.
+        x = idx
+        if self.tok_emb is not None:
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.tok_emb(idx) + self.pos_emb(pos)
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.ln_f(x))
+        if self.head is None:  # a stage before the last: its activations go on
+            return x
+        logits = self.head(self.ln_f(x) if self.ln_f is not None else x)
         if targets is None:
             return logits
-        return dict(loss=F.cross_entropy(logits.flatten(0, 1), targets.flatten()))
+        return dict(loss=self.pipeline_loss(logits, targets))
+
+    def pipeline_split_points(self, n_stages: int) -> list[str]:
+        """Where each of ``n_stages`` pipeline stages starts: the blocks split evenly (the
+        embeddings go with the first stage, the final norm and the head with the last)."""
+        n = len(self.blocks)
+        if n_stages > n:
+            raise ValueError(
+                f"{n_stages} pipeline stages need at least {n_stages} blocks, but the model "
+                f"has n_layer={n}; lower pp or stages_per_rank, or raise n_layer"
+            )
+        return [f"blocks.{i * n // n_stages}" for i in range(1, n_stages)]
+
+    def pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss of a pipeline's last stage (and of ``forward(idx, targets)``): the
+        cross-entropy of every position's next character."""
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
     @torch.no_grad()
     def generate(
@@ -203,6 +228,10 @@ class GenerateTextHook(Hook):
         self.prompt, self.max_new_tokens, self.seed = prompt, max_new_tokens, seed
 
     def after_train(self, runner) -> None:
+        if getattr(runner.strategy, "pipeline", None) is not None:
+            if runner.rank == 0:  # each rank holds only its stages: no whole model to sample
+                print("GenerateTextHook: no sample, the model is split into pipeline stages")
+            return
         model = runner.model
         was_training = model.training
         model.eval()

@@ -188,3 +188,48 @@ def test_the_gpt_trains_tensor_parallel_on_two_processes(tmp_path):
     (after,) = read(resumed, "train")
     assert after["iter"] == 35
     assert after["loss"] < train[0]["loss"] - 0.5  # it goes on from the trained weights
+
+
+@pytest.mark.slow  # two spawned ranks, then one more process: ~1 minute on 2 cores
+def test_the_gpt_trains_in_two_pipeline_stages_and_resumes_on_one_device(tmp_path):
+    work_dir = tmp_path / "gpt_pp"
+    short = [o for o in SHORT_GPT if not o.startswith(("val_", "train_cfg.val_"))]  # no val
+    proc = ok(
+        shardwise(
+            "train",
+            str(EXAMPLES / "gpt_pp.py"),
+            "--work-dir",
+            str(work_dir),
+            "--nproc-per-node",
+            "2",
+            "--cfg-options",
+            *short,
+            "model.n_layer=2",
+        )
+    )
+    assert "{'pp': 2, 'dp_shard': 1}" in proc.stdout  # two stages, nothing left to shard
+    assert "pipeline stages (0,) of 2, 1F1B" in proc.stdout
+    train = read(work_dir, "train")
+    assert [r["iter"] for r in train] == [5, 10, 15, 20, 25, 30]
+    assert train[-1]["loss"] < train[0]["loss"] - 0.5  # from ~4 (uniform over 96) downwards
+    assert "no sample, the model is split into pipeline stages" in proc.stdout
+    # the stages' sharded checkpoint holds the whole model: it resumes on one device
+    resumed = tmp_path / "gpt_single"
+    proc = ok(
+        shardwise(
+            "train",
+            str(EXAMPLES / "gpt_single.py"),
+            "--work-dir",
+            str(resumed),
+            "--resume",
+            str(work_dir / "iter_30.pth"),
+            "--cfg-options",
+            *SHORT_GPT,
+            "model.n_layer=2",
+            "train_cfg.max_iters=35",
+        )
+    )
+    (after,) = read(resumed, "train")
+    assert after["iter"] == 35
+    assert after["loss"] < train[0]["loss"] - 0.5  # it goes on from the trained weights
+    assert "Generated text (prompt 'def '):\n" in proc.stdout
