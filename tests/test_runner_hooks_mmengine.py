@@ -9,6 +9,10 @@ mmengine's base class for mmengine's Runner and shardwise's for shardwise's.
 from __future__ import annotations
 
 import itertools
+import json
+import logging
+import re
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -459,3 +463,208 @@ def test_log_processor_and_the_train_loop_are_there_before_training_as_under_mme
             (runner.epoch, runner.iter, runner.max_epochs, runner.max_iters),
         )
     assert seen["shardwise"] == seen["mmengine"] == ((3, False, 2), (1, 0, 2, 6))
+
+
+# ----------------------------------------------------------------------------- LoggerHook
+class _Lines(logging.Handler):
+    """The messages a runner's logger receives."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+_HEAD = re.compile(r"^(Epoch|Iter)\((train|val|test)\) *\[[^\]]*\](\[[^\]]*\])?")
+
+
+def _logger_lines(messages):
+    """What LoggerHook printed: its lines' heads and losses (the timings differ from run to
+    run), and the experiment-name lines (the names differ)."""
+    out = []
+    for message in messages:
+        if message.startswith("Exp name: "):
+            out.append("Exp name")
+        elif message.startswith("CUSTOM "):
+            out.append(message)
+        elif _HEAD.match(message):
+            loss = re.search(r"(?<![\w/])loss: ([\d.]+)", message)
+            out.append((_HEAD.match(message).group(0), loss and round(float(loss.group(1)), 4)))
+    return out
+
+
+def make_recording_log_processor(LogProcessor):
+    """A user's log processor: it records how LoggerHook calls it and marks the lines."""
+
+    class RecordingLogProcessor(LogProcessor):
+        calls: list = []
+
+        def get_log_after_iter(self, runner, batch_idx, mode):
+            tag, log_str = super().get_log_after_iter(runner, batch_idx, mode)
+            self.calls.append(("iter", mode, batch_idx, runner.iter, runner.epoch))
+            loss = tag.get("loss")
+            return tag, f"CUSTOM {mode} {batch_idx} " + (f"{loss:.4f}" if loss else "-")
+
+        def get_log_after_epoch(self, runner, batch_idx, mode, with_non_scalar=False):
+            tag, log_str = super().get_log_after_epoch(runner, batch_idx, mode, with_non_scalar)
+            self.calls.append(("epoch", mode, batch_idx, with_non_scalar))
+            accuracy = tag.get(f"{mode}/accuracy", tag.get("accuracy"))
+            return tag, f"CUSTOM {mode} epoch {accuracy:.4f}"
+
+    return RecordingLogProcessor
+
+
+_LOG_PROCESSORS = {}
+
+
+def _log_processor_class(framework):
+    """The recording processor, registered once in the framework's LOG_PROCESSORS."""
+    if framework.name not in _LOG_PROCESSORS:
+        if framework is MMENGINE:
+            from mmengine.registry import LOG_PROCESSORS
+            from mmengine.runner import LogProcessor
+        else:
+            from shardwise.registry import LOG_PROCESSORS
+            from shardwise.runner import LogProcessor
+        cls = make_recording_log_processor(LogProcessor)
+        LOG_PROCESSORS.register_module(name="RecordingLogProcessor", module=cls, force=True)
+        _LOG_PROCESSORS[framework.name] = cls
+    return _LOG_PROCESSORS[framework.name]
+
+
+LOGGED_LOOPS = {
+    "epochs": dict(train_cfg=dict(by_epoch=True, max_epochs=2, val_interval=1)),
+    "iterations": dict(train_cfg=dict(by_epoch=False, max_iters=6, val_interval=3)),
+}
+# the epochs' last iterations logged too (shardwise always logs the run's last); an
+# iteration-based run's first pass over the data, which mmengine's ignore_last=False also
+# logs, is no epoch's end in shardwise (logger_hook._END_OF_DATA)
+IGNORE_LAST = {"epochs": False, "iterations": True}
+
+
+def _logged_run(framework, work_dir, loop, log_processor=None, test=True, **logger):
+    """train() with validation then test(); what LoggerHook printed."""
+    hooks = dict(logger=dict(type="LoggerHook", interval=2, **logger), checkpoint=None)
+    kwargs = dict(**_training(), **LOGGED_LOOPS[loop], **framework.evaluation("val", "test"))
+    if log_processor is not None:
+        kwargs["log_processor"] = log_processor
+    elif framework is MMENGINE and loop == "iterations":  # an mmengine config says so
+        kwargs["log_processor"] = dict(by_epoch=False)
+    runner = framework.runner(work_dir, [], default_hooks=hooks, **kwargs)
+    lines = _Lines()
+    runner.logger.addHandler(lines)
+    try:
+        runner.train()
+        if test:
+            runner.test()
+    finally:
+        runner.logger.removeHandler(lines)
+    return runner, lines.messages
+
+
+def _first_iteration(lines):
+    """shardwise's own line: a fresh run's first iteration (its starting loss)."""
+    return lines[0], lines[1:]
+
+
+@pytest.mark.parametrize("loop", sorted(LOGGED_LOOPS))
+def test_logger_hook_prints_the_log_processors_lines_as_under_mmengine(tmp_path, loop):
+    """The default LogProcessor's lines: the same heads (``Epoch(train) [1][2/3]``,
+    ``Iter(train) [2/6]``, ``Epoch(val) [1][2/2]``...) and losses at the same iterations,
+    the experiment name where mmengine prints it. shardwise also prints the first
+    iteration; its log processor counts by iterations when the config does not say (an
+    mmengine config of an iteration-based run gives ``log_processor=dict(by_epoch=False)``)."""
+    _, theirs = _logged_run(MMENGINE, tmp_path / "mmengine", loop, ignore_last=IGNORE_LAST[loop])
+    _, ours = _logged_run(SHARDWISE, tmp_path / "shardwise", loop, ignore_last=IGNORE_LAST[loop])
+    first, rest = _first_iteration(_logger_lines(ours))
+    expected = _logger_lines(theirs)
+    assert rest == expected
+    assert first[0] == ("Epoch(train) [1][1/3]" if loop == "epochs" else "Iter(train) [1/6]")
+    heads = {line[0].split(" ")[0] for line in expected if isinstance(line, tuple)}
+    assert heads == {f"{'Epoch' if loop == 'epochs' else 'Iter'}({m})" for m in _MODES}
+    assert "Exp name" in expected
+
+
+_MODES = ("train", "val", "test")
+
+
+@pytest.mark.parametrize("loop", sorted(LOGGED_LOOPS))
+def test_a_custom_log_processor_makes_what_logger_hook_prints_as_under_mmengine(tmp_path, loop):
+    """``log_processor=dict(type=<a registered subclass>)``: LoggerHook calls it with the
+    same arguments at the same places as mmengine's and prints what it returns."""
+    seen = {}
+    for framework in (MMENGINE, SHARDWISE):
+        cls = _log_processor_class(framework)
+        cls.calls = []
+        runner, messages = _logged_run(
+            framework,
+            tmp_path / framework.name,
+            loop,
+            log_processor=dict(type="RecordingLogProcessor", by_epoch=loop == "epochs"),
+            ignore_last=IGNORE_LAST[loop],
+        )
+        assert type(runner.log_processor) is cls
+        seen[framework.name] = list(cls.calls), _logger_lines(messages)
+    calls, lines = seen["shardwise"]
+    assert calls[0] == ("iter", "train", 0, 0, 0)  # shardwise's first-iteration line
+    assert lines[0] == "CUSTOM train 0 " + lines[0].split()[-1]
+    assert (calls[1:], lines[1:]) == seen["mmengine"]
+    assert ("epoch", "test", 2, True) in calls  # the test metrics with their non-scalars
+
+
+def test_log_processor_options_change_what_logger_hook_prints_as_under_mmengine(tmp_path):
+    """``custom_cfg`` and ``window_size`` of ``log_processor=dict(...)``: the same values in
+    the lines under both runners; the custom statistic also reaches the metrics records."""
+    options = dict(
+        window_size=1,
+        custom_cfg=[
+            dict(data_src="loss", method_name="max", log_name="loss_max", window_size="global")
+        ],
+    )
+    printed = {}
+    for framework in (MMENGINE, SHARDWISE):
+        runner, messages = _logged_run(framework, tmp_path / framework.name, "epochs", options)
+        printed[framework.name] = [
+            (m.split("]  ")[0], round(float(m.split("loss_max: ")[1].split()[0]), 4))
+            for m in messages
+            if "loss_max: " in m
+        ]
+    ours, theirs = printed["shardwise"], printed["mmengine"]
+    assert len(theirs) == 2 and ours[1:3] == theirs  # iterations 2 and 5
+    positions = ("1][1/3", "1][2/3", "2][2/3", "2][3/3")  # and the first and the last
+    assert [head for head, _ in ours] == [f"Epoch(train) [{i}" for i in positions]
+    (metrics,) = (tmp_path / "shardwise").glob("*/metrics.jsonl")
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    train = [r for r in records if r["mode"] == "train"]
+    assert [r["iter"] for r in train] == [2, 5, 6]  # mmengine's, and the run's last
+    assert [round(r["loss_max"], 4) for r in train[:2]] == [v for _, v in theirs]
+
+
+def test_logger_hook_copies_the_logs_to_out_dir_as_under_mmengine(tmp_path):
+    """``out_dir``: the log directory's files ending with ``out_suffix`` are copied to
+    ``out_dir/<work_dir's name>/`` after the run, and removed with ``keep_local=False``."""
+    kept = {}
+    for framework in (MMENGINE, SHARDWISE):
+        out = tmp_path / framework.name / "out"
+        runner, messages = _logged_run(
+            framework,
+            tmp_path / framework.name / "work",
+            "epochs",
+            test=False,  # (mmengine's before_run joins the work dir's name again in test())
+            out_dir=str(out),
+            out_suffix=".log",
+            keep_local=False,
+        )
+        logger = runner.logger
+        copied = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+        local = sorted(p.name for p in Path(runner.log_dir).rglob("*.log"))
+        kept[framework.name] = (copied, local, runner.timestamp)
+        assert any(f"Text logs will be saved to {out / 'work'}" in m for m in messages)
+        for handler in logger.handlers:  # the closed log file is not written again
+            if isinstance(handler, logging.FileHandler):
+                logger.removeHandler(handler)
+    for name, (copied, local, timestamp) in kept.items():
+        assert copied == [f"work/{timestamp}.log"], name
+        assert local == [], name

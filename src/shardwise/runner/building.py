@@ -98,7 +98,8 @@ def build_strategy(
 
 def build_log_processor(log_processor: LogProcessor | Mapping[str, Any] | None) -> LogProcessor:
     """The log processor object, or one built from its options (``type`` optional, from
-    ``LOG_PROCESSORS``; default ``LogProcessor``)."""
+    ``LOG_PROCESSORS``; default ``LogProcessor``). Options without ``by_epoch``: it follows
+    the training loop (``by_epoch_follows_loop``; set by ``LoggerHook`` before training)."""
     if isinstance(log_processor, LogProcessor):
         return log_processor
     if log_processor is not None and not isinstance(log_processor, Mapping):
@@ -107,7 +108,11 @@ def build_log_processor(log_processor: LogProcessor | Mapping[str, Any] | None) 
             f"dict(window_size=10, by_epoch=True), got {type(log_processor).__name__}: "
             f"{log_processor!r}"
         )
-    return LOG_PROCESSORS.build({"type": "LogProcessor", **dict(log_processor or {})})
+    options = dict(log_processor or {})
+    built = LOG_PROCESSORS.build({"type": "LogProcessor", **options})
+    if "by_epoch" not in options:
+        built.by_epoch_follows_loop = True
+    return built
 
 
 def build_visualizer(

@@ -52,7 +52,14 @@ class LogProcessor:
         log_with_hierarchy: keep the ``train/``, ``val/``, ``test/`` prefixes in the tag.
         mean_pattern: the keys averaged over ``window_size``; the others show their latest
             value.
+
+    ``by_epoch_follows_loop`` (shardwise): when true, ``LoggerHook`` sets ``by_epoch`` to the
+    training loop's before training. The Runner sets it when the config does not give
+    ``by_epoch`` (mmengine's default, True, would print ``Epoch(train)`` headers for an
+    iteration-based run, whose mmengine configs say ``by_epoch=False``).
     """
+
+    by_epoch_follows_loop: bool = False
 
     def __init__(
         self,
