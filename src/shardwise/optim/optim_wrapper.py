@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.distributed as torch_dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -65,12 +66,15 @@ def clip_grad_norm_(
     norm_type: float | str = 2.0,
     error_if_nonfinite: bool = False,
     foreach: bool | None = None,
+    group: Any = None,
 ) -> torch.Tensor:
     """:func:`torch.nn.utils.clip_grad_norm_` that is also right for sharded (DTensor) grads.
 
     The norm of DTensor gradients (FSDP2, tensor parallel) is reduced across their mesh with
     ``full_tensor()``, so the returned total norm is the global one on every rank and every
     shard is scaled by the same coefficient. Plain and DTensor gradients may be mixed.
+    ``group``: a process group whose ranks hold *other* parameters (pipeline stages); the norm
+    is combined across it too (every rank of it must call, with gradients or without).
 
     Returns:
         The total norm of all gradients, a plain tensor.
@@ -80,7 +84,7 @@ def clip_grad_norm_(
     with_grad = [p for p in parameters if p.grad is not None]
     norm_type = float(norm_type)
     partitions = by_mesh(with_grad)
-    if not partitions:
+    if not partitions and group is None:
         return torch.tensor(0.0)
     norms = []
     for part in partitions:
@@ -88,7 +92,10 @@ def clip_grad_norm_(
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         norms.append(norm)
-    if len(norms) == 1:
+    if group is not None:
+        device = with_grad[0].grad.device if with_grad else torch.device("cpu")
+        total_norm = _norm_across(norms, norm_type, group, device)
+    elif len(norms) == 1:
         total_norm = norms[0]
     else:
         stacked = torch.stack([n.to(norms[0].device) for n in norms])
@@ -105,6 +112,22 @@ def clip_grad_norm_(
     for part in partitions:
         torch.nn.utils.clip_grads_with_norm_(part, max_norm, total_norm, foreach)
     return total_norm
+
+
+def _norm_across(
+    norms: list[torch.Tensor], norm_type: float, group: Any, device: torch.device
+) -> torch.Tensor:
+    """The norm of order ``norm_type`` of ``norms`` and of the other ranks' of ``group``
+    (summed in float64, reduced on ``device``: the gradients', which the group's backend
+    serves)."""
+    local = torch.zeros((), dtype=torch.float64)
+    for norm in norms:
+        norm = norm.detach().to("cpu", torch.float64)
+        local = torch.maximum(local, norm) if math.isinf(norm_type) else local + norm**norm_type
+    local = local.to(device)
+    op = torch_dist.ReduceOp.MAX if math.isinf(norm_type) else torch_dist.ReduceOp.SUM
+    torch_dist.all_reduce(local, op=op, group=group)
+    return local if math.isinf(norm_type) else local ** (1.0 / norm_type)
 
 
 def _has_batch_norm(model: nn.Module) -> bool:
@@ -163,6 +186,9 @@ class OptimWrapper(BaseOptimWrapper):
         self.clip_grad_kwargs = clip_kwargs
         self.clip_grad_type = clip_type
         self.last_grad_norm: float | None = None
+        #: A process group whose ranks hold other parameters (pipeline stages): the gradient
+        #: norm is combined across it (see :func:`clip_grad_norm_`).
+        self.clip_group: Any = None
         self.message_hub: Any = None
         # Counts of update_params/backward calls; _max_counts == -1 until
         # initialize_count_status is called, and then the trailing window shorter than
@@ -256,10 +282,11 @@ class OptimWrapper(BaseOptimWrapper):
             for p in group["params"]
             if p.requires_grad and p.grad is not None
         ]
-        if not params:
+        if not params and self.clip_group is None:
             return
         if self.clip_grad_type == "norm":
-            self.last_grad_norm = float(clip_grad_norm_(params, **self.clip_grad_kwargs))
+            kwargs = dict(self.clip_grad_kwargs, group=self.clip_group)
+            self.last_grad_norm = float(clip_grad_norm_(params, **kwargs))
             if self.message_hub is not None:
                 self.message_hub.update_scalar("train/grad_norm", self.last_grad_norm)
         else:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,12 +54,10 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 
 from shardwise.checkpoint.formats import SHARDED
 from shardwise.checkpoint.full import save_full_checkpoint
 from shardwise.checkpoint.sharded import META_FILE, _split
-from shardwise.optim.optim_wrapper import by_mesh
 from shardwise.registry import FUNCTIONS
 
 __all__ = [
@@ -72,7 +69,6 @@ __all__ = [
     "PipelinePlan",
     "build_schedule",
     "check_microbatches",
-    "clip_grad_norm_across_stages",
     "parse_pipeline",
     "plan_pipeline",
     "adopt_stage_parameters",
@@ -479,44 +475,6 @@ def build_schedule(
     return cls(first, n_microbatches=plan.n_microbatches, loss_fn=loss_fn, scale_grads=False)
 
 
-def clip_grad_norm_across_stages(
-    parameters: Sequence[torch.Tensor],
-    pp_group: Any,
-    max_norm: float,
-    norm_type: float | str = 2.0,
-    error_if_nonfinite: bool = False,
-    foreach: bool | None = None,
-) -> torch.Tensor:
-    """:func:`~shardwise.optim.optim_wrapper.clip_grad_norm_` over every stage: this rank's
-    norm (reduced over each gradient's mesh) is combined with the other pipeline ranks' over
-    ``pp_group``, so every rank clips by the one global norm. Returns it."""
-    norm_type = float(norm_type)
-    with_grad = [p for p in parameters if p.grad is not None]
-    parts = by_mesh(with_grad)
-    local = torch.zeros((), dtype=torch.float64)
-    for part in parts:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in part], norm_type, False, foreach)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        norm = norm.detach().to("cpu", torch.float64)
-        local = torch.maximum(local, norm) if math.isinf(norm_type) else local + norm**norm_type
-    device = with_grad[0].grad.device if with_grad else torch.device("cpu")
-    total = local.to(device)
-    op = torch_dist.ReduceOp.MAX if math.isinf(norm_type) else torch_dist.ReduceOp.SUM
-    torch_dist.all_reduce(total, op=op, group=pp_group)
-    if not math.isinf(norm_type):
-        total = total ** (1.0 / norm_type)
-    if error_if_nonfinite and not torch.isfinite(total):
-        raise RuntimeError(
-            f"the total norm of order {norm_type} of the gradients is non-finite "
-            f"({total.item()}), so it cannot be clipped; set "
-            "clip_grad=dict(..., error_if_nonfinite=False) to clip anyway"
-        )
-    for part in parts:
-        torch.nn.utils.clip_grads_with_norm_(part, max_norm, total, foreach)
-    return total
-
-
 class Pipeline:
     """This rank's stages and the schedule that runs them; :meth:`train_step` is the pipelined
     model's optimisation step.
@@ -604,21 +562,9 @@ class Pipeline:
         return {"loss": loss}
 
     def _step(self, wrapper: Any) -> None:
-        clip = wrapper.clip_grad_kwargs
-        if clip is None or wrapper.clip_grad_type != "norm":
-            wrapper.step()
-            wrapper.zero_grad()
-            return
-        params = [p for g in wrapper.optimizer.param_groups for p in g["params"] if p.requires_grad]
-        norm = clip_grad_norm_across_stages(params, self.pp_group, **clip)
-        wrapper.last_grad_norm = float(norm)
-        if wrapper.message_hub is not None:
-            wrapper.message_hub.update_scalar("train/grad_norm", wrapper.last_grad_norm)
-        wrapper.clip_grad_kwargs = None  # clipped across stages already
-        try:
-            wrapper.step()
-        finally:
-            wrapper.clip_grad_kwargs = clip
+        """Step (clipping by the norm over every stage: the wrapper's ``clip_group``)."""
+        wrapper.clip_group = self.pp_group
+        wrapper.step()
         wrapper.zero_grad()
 
 
