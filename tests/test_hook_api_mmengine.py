@@ -6,6 +6,7 @@ the same calls give the same values, attributes, exceptions and messages.
 
 from __future__ import annotations
 
+import json
 import re
 from types import SimpleNamespace
 from unittest.mock import Mock
@@ -383,3 +384,95 @@ def test_log_processor_refuses_the_custom_cfg_mmengine_refuses(custom_cfg, by_ep
 def test_log_processor_refuses_an_unknown_window_size():
     with pytest.raises(TypeError, match="window_size should be int, epoch or global"):
         sw.LogProcessor()._parse_windows_size(Mock(iter=3), 1, [dict(data_src="x", window_size=[])])
+
+
+# ----------------------------------------------------------------------------- LoggerHook calls
+def _logger_runner(loader_length, **attrs):
+    """A runner as mmengine's LoggerHook tests mock it; its log processor gives fixed lines."""
+    runner = Mock(experiment_name="exp", timestamp="20260101_000000", **attrs)
+    runner.iter, runner.epoch, runner.max_iters = 0, 0, 1000
+    runner.train_dataloader = list(range(loader_length))
+    runner.val_dataloader = runner.test_dataloader = list(range(12))
+    runner.log_processor.get_log_after_iter.return_value = ({"loss": 1.0}, "iter line")
+    runner.log_processor.get_log_after_epoch.return_value = (
+        {"acc": 0.8, "time": 1.0},
+        "epoch line",
+    )
+    return runner
+
+
+def _what_logger_hook_did(runner):
+    """The log processor's, logger's and visualizer's calls, the runner named as such."""
+    out = []
+    for name, args, kwargs in runner.mock_calls:
+        if name.split(".")[0] in ("log_processor", "logger", "visualizer"):
+            args = tuple("runner" if a is runner else a for a in args)
+            out.append((name, args, kwargs))
+    return out
+
+
+@pytest.mark.parametrize(
+    "kwargs, loader_length",
+    [
+        (dict(), 25),  # every 10 iterations of an epoch; its tail ignored
+        (dict(ignore_last=False), 25),  # and the epoch's last iteration
+        (dict(), 9),  # an epoch shorter than the interval: its end
+        (dict(interval=3, interval_exp_name=7), 8),
+    ],
+)
+def test_logger_hook_calls_the_log_processor_logger_and_visualizer_as_mmengines(
+    kwargs, loader_length
+):
+    """Training iterations (two epochs), then validation and test iterations: the same calls
+    at the same places (mmengine's LoggerHook unit tests, run on both hooks)."""
+    seen = []
+    for hook in (mm_hooks.LoggerHook(**kwargs), sw.LoggerHook(**kwargs, progress_bar=False)):
+        runner = _logger_runner(loader_length)
+        for step in range(1, 2 * loader_length):  # (shardwise adds iteration 0's line)
+            runner.iter, runner.epoch = step, step // loader_length
+            hook.after_train_iter(runner, step % loader_length)
+        for batch_idx in range(12):
+            hook.after_val_iter(runner, batch_idx)
+            hook.after_test_iter(runner, batch_idx)
+        seen.append(_what_logger_hook_did(runner))
+    assert seen[1] == seen[0]
+    assert any(name == "visualizer.add_scalars" for name, _, _ in seen[0])
+
+
+@pytest.mark.parametrize("by_epoch", [True, False])
+@pytest.mark.parametrize("trained", [True, False])
+def test_logger_hook_after_val_epoch_without_its_files_sends_the_tag_as_mmengines(
+    by_epoch, trained
+):
+    seen = []
+    for hook in (
+        mm_hooks.LoggerHook(log_metric_by_epoch=by_epoch),
+        sw.LoggerHook(log_metric_by_epoch=by_epoch),
+    ):
+        runner = _logger_runner(4, _train_loop=Mock() if trained else None)
+        runner.iter, runner.epoch = 7, 2
+        hook.after_val_epoch(runner)
+        seen.append(_what_logger_hook_did(runner))
+    assert seen[1] == seen[0]
+    step = (2 if by_epoch else 7) if trained else 0
+    assert seen[0][-1][2] == dict(step=step, file_path=None)
+
+
+def test_logger_hook_writes_the_test_tag_as_mmengines(tmp_path):
+    """after_test_epoch: the log processor's line, and its tag (non-scalars included, tensors
+    as lists) in ``log_dir/<timestamp>.json``."""
+    written = []
+    for name, hook in (("mmengine", mm_hooks.LoggerHook()), ("shardwise", sw.LoggerHook())):
+        runner = _logger_runner(4, log_dir=str(tmp_path / name), work_dir=str(tmp_path / name))
+        (tmp_path / name).mkdir()
+        runner.log_processor.get_log_after_epoch.return_value = (
+            {"acc": 0.8, "conf": torch.tensor([1, 2]), "time": 1.0},
+            "epoch line",
+        )
+        hook.before_run(runner)
+        hook.after_test_epoch(runner)
+        hook.after_run(runner)
+        calls = [c for c in _what_logger_hook_did(runner) if not c[0].startswith("visualizer")]
+        written.append((calls, json.loads((tmp_path / name / "20260101_000000.json").read_text())))
+    assert written[1] == written[0]
+    assert written[0][1] == {"acc": 0.8, "conf": [1, 2], "time": 1.0}
