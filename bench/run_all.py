@@ -35,6 +35,7 @@ SECTIONS: dict[str, tuple[int, int]] = {
     "scale": (200, 5400),
     "meta_init": (15, 900),
     "planning": (30, 600),
+    "pipeline": (60, 900),
     "gpu": (5, 1800),
     "cli_startup": (0, 900),
 }
@@ -1500,6 +1501,129 @@ def write_planning(rep: Report, res: dict[str, Any]) -> None:
     )
 
 
+def write_pipeline(rep: Report, res: dict[str, Any]) -> None:
+    rep.add("## 10. Pipeline parallelism: pp=2 against torch's raw schedule, and the bubble", "")
+    if rep.section_failed("pipeline", res):
+        return
+    rep.add(
+        f"Model: CharGPT from {res['model_source']}, {res['model_params'] / 1e6:.2f}M parameters "
+        f"(4 blocks, d=128), batch {res['batch']} in {res['n_microbatches']} microbatches, "
+        f"pp={res['pp']} on 2 gloo ranks, one intra-op thread each, AdamW. shardwise: "
+        "`FSDPStrategy(parallelism=dict(pp=2), pipeline=dict(schedule=..., n_microbatches=4))`, "
+        "its `strategy.pipeline.train_step` (what the Runner calls: schedule, the last stage's "
+        "loss broadcast, optimizer step, zero_grad). Raw: the same split by hand (a copy of the "
+        "GPT without the other stage's modules: embeddings and blocks 0-1 / blocks 2-3, norm "
+        "and head), torch's `PipelineStage` and `Schedule1F1B`/`ScheduleGPipe` with the same "
+        "microbatches and loss, plain AdamW, no `fully_shard`. Same weights, same batches, "
+        "ABBA blocks, ratio = median of per-block ratios (IQR), as in section 1. *Raw + "
+        "fully_shard*: the raw stage sharded by `fully_shard` over a data-parallel mesh of "
+        "size 1, which is what FSDPStrategy does to each stage (a diagnostic contender, timed "
+        "in the same rotation). "
+        f"Measured {res.get('date')}, load average {res.get('loadavg_at_start')} → "
+        f"{res.get('loadavg_at_end')} (`uptime`; 2 cores shared with other work)"
+        + (f"; {res['note']}" if res.get("note") else "")
+        + ".",
+        "",
+    )
+    rows = []
+    for schedule, c in res.get("cases", {}).items():
+        if c.get("status") != "ok":
+            rows.append([schedule, c.get("status", "?")] + [""] * 7)
+            rep.problems.append(
+                f"pipeline/{schedule}: {c.get('status')}: {c.get('reason') or c.get('error')}"
+            )
+            continue
+        iqr = c["round_ratio_p25_p75"]
+        rows.append(
+            [
+                f"{schedule}, pp=2",
+                _s(c["shardwise_step"]["median_s"]),
+                _s(c["raw_step"]["median_s"]),
+                f"{_r(c['ratio'])} [{_r(iqr[0])}–{_r(iqr[1])}]",
+                f"≤ {c['target']}",
+                _met(c["ratio"], c["target"]),
+                _s(c["raw_fully_shard_step"]["median_s"]),
+                _r(c["ratio_to_raw_fully_shard"]),
+                "yes" if c["same_losses"] else "**no**",
+            ]
+        )
+        if not c["meets_target"]:
+            where = c["profile_categories"]["rank0"]
+            parts = ", ".join(
+                f"{k} {_s(where['shardwise'][k])} vs {_s(where['raw'][k])}"
+                for k in where["shardwise"]
+                if k != "profiled_step_s"
+            )
+            rep.misses.append(
+                f"pipeline/{schedule}: shardwise / raw torch = {_r(c['ratio'])} (target "
+                f"{c['target']}); against the raw stage with fully_shard on a size-1 mesh "
+                f"{_r(c['ratio_to_raw_fully_shard'])}: the gap is FSDPStrategy sharding each "
+                "stage over a data-parallel mesh of size 1 (pp alone: nothing to shard), whose "
+                "FSDP hooks, DTensor parameters and DTensor AdamW cost per step. cProfile, "
+                f"rank 0, own time per step, shardwise vs raw: {parts}"
+            )
+    rep.table(
+        [
+            "schedule",
+            "shardwise step",
+            "raw torch step",
+            "ratio [IQR]",
+            "target",
+            "met",
+            "raw + fully_shard (size-1 mesh)",
+            "shardwise / raw + fully_shard",
+            "same losses",
+        ],
+        rows,
+    )
+    bubble = res.get("bubble") or {}
+    if bubble.get("status") != "ok":
+        rep.add(f"Bubble: {bubble.get('status')}: {bubble.get('reason') or bubble.get('error')}")
+        rep.problems.append(f"pipeline/bubble: {bubble.get('status')}")
+        return
+    rep.add(
+        "**Bubble fraction**, measured on shardwise's stages: each stage's `forward_one_chunk` "
+        "and `backward_one_chunk` calls (and the last stage's loss) are timed on their rank "
+        "(*busy*), the schedule's step (`schedule.step` alone, after a barrier; no optimizer) "
+        "is the wall; per rank bubble = 1 − busy / wall, the figure is the median over steps of "
+        "the two ranks' mean. *Peer wait*: time in the schedule's waits for sends/receives "
+        "(idle for the other rank, plus gloo's transfer). Theory, for equal stages and free "
+        "communication: (p−1)/(m+p−1) for GPipe and 1F1B (p stages, m microbatches), "
+        "(p−1)/(v·m+p−1) for Interleaved1F1B (v stages per rank). What theory leaves out "
+        "shows as extra idle: gloo transfers, the schedule's own Python, unequal stages (the "
+        "last holds the head and the loss) and, on this shared machine, a rank waiting for a "
+        "core.",
+        "",
+    )
+    rows = []
+    for b in bubble["schedules"].values():
+        r0, r1 = b["ranks"]["rank0"], b["ranks"]["rank1"]
+        rows.append(
+            [
+                b["schedule"],
+                f"{b['n_stages']} ({res['pp']} ranks × {b['stages_per_rank']})",
+                f"{b['n_microbatches']} ({b['microbatch']} sequences each)",
+                f"{b['measured']:.3f} [{b['measured_p25_p75'][0]:.3f}–"
+                f"{b['measured_p25_p75'][1]:.3f}]",
+                f"{b['theoretical']:.3f}",
+                f"{_s(r0['busy_s'])} / {_s(r0['wall_s'])} (wait {_s(r0['peer_wait_s'])})",
+                f"{_s(r1['busy_s'])} / {_s(r1['wall_s'])} (wait {_s(r1['peer_wait_s'])})",
+            ]
+        )
+    rep.table(
+        [
+            "schedule",
+            "stages",
+            "microbatches",
+            "bubble measured [IQR]",
+            "theory",
+            "rank 0 busy / wall (peer wait)",
+            "rank 1 busy / wall (peer wait)",
+        ],
+        rows,
+    )
+
+
 def render(results: dict[str, Any], quick: bool, wall: float) -> str:
     campaign = BENCH / "kill_campaign.json"
     if campaign.exists():  # taken by bench/kill_campaign.py, not by this run
@@ -1562,6 +1686,7 @@ def render(results: dict[str, Any], quick: bool, wall: float) -> str:
         ("kill_campaign", write_kill_campaign),
         ("planning", write_planning),
         ("cli_startup", write_cli_startup),
+        ("pipeline", write_pipeline),
     ]
     for name, writer in writers:
         if name in sections:
