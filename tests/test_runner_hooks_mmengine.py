@@ -585,6 +585,11 @@ def test_logger_hook_prints_the_log_processors_lines_as_under_mmengine(tmp_path,
     heads = {line[0].split(" ")[0] for line in expected if isinstance(line, tuple)}
     assert heads == {f"{'Epoch' if loop == 'epochs' else 'Iter'}({m})" for m in _MODES}
     assert "Exp name" in expected
+    # the metrics first, as mmengine's lines (shardwise's throughput with the timings)
+    firsts = [
+        [m.split("]  ")[1].split()[0] for m in run if "accuracy: " in m] for run in (ours, theirs)
+    ]
+    assert firsts[1] and firsts[0] == firsts[1] == ["accuracy:"] * len(firsts[1])
 
 
 _MODES = ("train", "val", "test")

@@ -173,8 +173,8 @@ class LogProcessor:
         tag: dict[str, Any] = OrderedDict()
         time_tag: dict[str, Any] = OrderedDict()
         timing = (f"{mode}/time", f"{mode}/data_time", "time", "data_time")
-        for key, value in scalars.items():
-            (time_tag if key in timing else tag)[key] = value
+        for key, value in scalars.items():  # shardwise's throughput with the timings
+            (time_tag if key in timing or key.endswith("_per_sec") else tag)[key] = value
         items = []
         for name, value in chain(tag.items(), non_scalars.items(), time_tag.items()):
             if isinstance(value, float):
