@@ -224,11 +224,11 @@ class LoggerHook(Hook):
                     f"the running logs in {out_path}"
                 )
         if not self.keep_local:
+            removed = {path.resolve() for path in copied}
             for handler in runner.logger.handlers:  # the log file is closed before removal
-                if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename) in set(
-                    copied
-                ):
-                    handler.close()
+                if isinstance(handler, logging.FileHandler):
+                    if Path(handler.baseFilename).resolve() in removed:
+                        handler.close()
             for path in copied:
                 path.unlink()
 
