@@ -21,7 +21,7 @@ import torch
 
 pytest.importorskip("torchft")
 
-from shardwise.strategies import DDPStrategy  # noqa: E402
+from shardwise.strategies import DDPStrategy, FSDPStrategy  # noqa: E402
 from shardwise.strategies.fault_tolerance import check_fault_tolerance  # noqa: E402
 
 BATCH = 12  # global batch per step, split among the live replicas
@@ -42,12 +42,15 @@ def _worker(args: dict) -> None:
     torch.set_num_threads(1)
     log = open(args["log"], "a", buffering=1)
     ft_cfg = args.get("ft")
-    strategy = DDPStrategy(
+    common = dict(
         work_dir=args["work_dir"],
         env_kwargs=dict(randomness=dict(seed=0)),
         log_kwargs=dict(log_level="WARNING"),
-        fault_tolerance=ft_cfg,
     )
+    if "parallelism" in args:  # FSDP (FT-HSDP, or plain HSDP)
+        strategy = FSDPStrategy(parallelism=args["parallelism"], fault_tolerance=ft_cfg, **common)
+    else:
+        strategy = DDPStrategy(fault_tolerance=ft_cfg, **common)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     model, optim_wrapper, schedulers = strategy.prepare(
@@ -89,11 +92,19 @@ def _worker(args: dict) -> None:
             log.write(json.dumps(dict(rec, committed=committed)) + "\n")
             while hold is not None and hold.exists():
                 time.sleep(0.05)
-    state = dict(
-        model={k: v.clone() for k, v in strategy.model_state_dict().items()},
-        optimizer=strategy.optim_state_dict(),
-        schedulers=strategy.scheduler_state_dict(),
-    )
+    if "parallelism" in args:  # each rank's own shards (plain tensors)
+        local = strategy.checkpointer.local_state_dict()
+        state = dict(
+            model=local["state_dict"],
+            optimizer=local["optimizer"],
+            schedulers=local["param_schedulers"],
+        )
+    else:
+        state = dict(
+            model={k: v.clone() for k, v in strategy.model_state_dict().items()},
+            optimizer=strategy.optim_state_dict(),
+            schedulers=strategy.scheduler_state_dict(),
+        )
     torch.save(state, args["out"])
     done = dict(done=True, pid=os.getpid())
     if ft is not None:
@@ -425,6 +436,187 @@ def test_kill_one_replica_group_survivors_go_on_and_it_heals_from_a_peer(tmp_pat
     states = [torch.load(a["out"], weights_only=True) for a in args]
     _assert_same_state(states[0], states[1])
     _assert_same_state(states[0], states[2])
+    assert states[0]["schedulers"][0]["_global_step"] == steps
+
+
+# ---------------------------------------------------------------------- FT-HSDP
+def _ft_hsdp_run(tmp: Path, address: str, steps: int, groups: int = 2, **extra) -> list:
+    """Start ``groups`` replica groups of 2 ranks, each FSDP2 over its ranks; their args
+    (by group, then rank) and processes."""
+    args, procs = [], []
+    for g in range(groups):
+        port = _free_port()
+        for r in range(2):
+            a = _ft_args(tmp, g, groups, address, steps, rank=r, parallelism=dict(dp_shard=2))
+            a.update(extra)
+            args.append(a)
+            procs.append(_spawn(a, rank=r, world=2, port=port))
+    return [args, procs]
+
+
+def test_local_state_dict_round_trip_and_mismatch(tmp_path) -> None:
+    """The heal's transport: Checkpointer.local_state_dict (RandomState: this rank's RNG
+    state, no collective) loads back; different keys are refused before anything loads."""
+    import logging
+
+    from shardwise.checkpoint.checkpointer import Checkpointer
+    from shardwise.checkpoint.states import RandomState
+
+    seeds = []
+    ckpt = Checkpointer(tmp_path)
+    ckpt.register("randomness", RandomState(lambda: dict(seed=3), seeds.append, logging))
+    ckpt.register("extra", torch.nn.Linear(2, 2))
+    local = ckpt.local_state_dict()
+    first = torch.rand(3)
+    ckpt.load_local_state_dict(local)
+    assert torch.equal(torch.rand(3), first) and seeds == []
+    here = torch.get_rng_state()
+    with pytest.raises(KeyError, match=r"the local state has \['randomness'\]"):
+        ckpt.load_local_state_dict({"randomness": local["randomness"]})
+    assert torch.equal(torch.get_rng_state(), here)  # nothing was restored
+
+
+def test_ft_hsdp_refuses_a_replicate_dimension_of_its_own() -> None:
+    ft = dict(replica_group=0, num_replica_groups=2, lighthouse="http://h:1")
+    with pytest.raises(ValueError, match="dp_replicate=2, pp=1: the replica dimension is torchft"):
+        FSDPStrategy.check_config(
+            dict(
+                type="FSDPStrategy",
+                parallelism=dict(dp_replicate=2, dp_shard=1),
+                fault_tolerance=ft,
+            ),
+            world_size=2,
+        )
+
+
+@pytest.mark.slow
+def test_ft_hsdp_without_failures_losses_equal_plain_hsdp(tmp_path) -> None:
+    """2 replica groups x 2 ranks (FSDP2 inside, torchft across) against plain HSDP
+    (dp_replicate=2 x dp_shard=2 on 4 ranks), the same data split: the same losses."""
+    steps = 6
+    server, address = _lighthouse(min_replicas=2)
+    try:
+        (tmp_path / "ft").mkdir()
+        ft_args, procs = _ft_hsdp_run(tmp_path / "ft", address, steps)
+        _wait(procs, time.time() + 300, "the FT-HSDP run", [a["log"] for a in ft_args])
+        assert [p.returncode for p in procs] == [0] * 4
+    finally:
+        server.shutdown()
+    (tmp_path / "plain").mkdir()
+    port = _free_port()
+    plain = [
+        dict(
+            steps=steps,
+            parallelism=dict(dp_replicate=2, dp_shard=2),
+            work_dir=str(tmp_path / "plain" / f"r{r}"),
+            log=str(tmp_path / "plain" / f"r{r}.jsonl"),
+            out=str(tmp_path / "plain" / f"r{r}.pt"),
+        )
+        for r in range(4)
+    ]
+    procs = [_spawn(a, rank=r, world=4, port=port) for r, a in enumerate(plain)]
+    _wait(procs, time.time() + 240, "the plain HSDP run", [a["log"] for a in plain])
+    assert [p.returncode for p in procs] == [0] * 4
+
+    def losses(args_list):
+        out = {}
+        for a in args_list:
+            for rec in _records(Path(a["log"])):
+                if "step" in rec:
+                    assert rec["committed"]
+                    out[(rec["step"], rec["part"])] = rec["loss"]
+        return out
+
+    ft_losses, plain_losses = losses(ft_args), losses(plain)
+    assert len(plain_losses) == steps * 4
+    assert sorted(ft_losses) == sorted(plain_losses)
+    for key, value in plain_losses.items():
+        assert abs(ft_losses[key] - value) <= 1e-6, (key, ft_losses[key], value)
+    # rank r of each replica group: the same shards, bit for bit
+    states = [torch.load(a["out"], weights_only=True) for a in ft_args]
+    _assert_same_state(states[0], states[2])
+    _assert_same_state(states[1], states[3])
+
+
+@pytest.mark.slow
+def test_ft_hsdp_kill_one_replica_group_survivors_go_on_and_it_heals(tmp_path) -> None:
+    """2 replica groups x 2 ranks, FSDP2 inside each: kill -9 both ranks of one group
+    mid-step; the other goes on alone (same processes, no checkpoint); the killed group is
+    restarted, heals rank by rank from the live one, and every replica ends bit-identical."""
+    steps, victim = 24, 1
+    hold = tmp_path / "hold"
+    server, address = _lighthouse(min_replicas=1)
+    try:
+        hold.touch()  # every rank starts the run once all are up
+        args, procs = _ft_hsdp_run(tmp_path, address, steps, sleep=0.1, hold=str(hold))
+        logs = [Path(a["log"]) for a in args]
+        paths = [a["log"] for a in args]
+        mine = [2 * victim, 2 * victim + 1]  # the victim group's ranks
+        others = [i for i in range(4) if i not in mine]
+
+        def ready(i: int) -> bool:
+            return any(r.get("ready") and r["pid"] == procs[i].pid for r in _records(logs[i]))
+
+        def committed(i: int) -> list[dict]:
+            return [r for r in _records(logs[i]) if r.get("committed")]
+
+        deadline = time.time() + 400
+        while not all(ready(i) for i in range(4)):
+            assert time.time() < deadline and all(p.poll() is None for p in procs), "no start"
+            time.sleep(0.1)
+        hold.unlink()
+        while len(committed(mine[0])) < 6:
+            assert time.time() < deadline, "the run did not start"
+            assert all(p.poll() is None for p in procs), "a worker died"
+            time.sleep(0.1)
+        for i in mine:
+            os.kill(procs[i].pid, signal.SIGKILL)
+        for i in mine:
+            procs[i].wait()
+        killed_at = max(r["step"] for i in mine for r in committed(i))
+
+        # The survivors go on alone: same processes, the whole batch split over their ranks.
+        while not all(
+            any(r["parts"] == 1 and r["step"] >= killed_at + 3 for r in committed(i))
+            for i in others
+        ):
+            assert time.time() < deadline, "the survivors did not go on"
+            assert all(procs[i].poll() is None for i in others), "a survivor died"
+            time.sleep(0.1)
+        hold.touch()  # the survivors wait until the restarted group is up (a slow start)
+        port = _free_port()
+        for r, i in enumerate(mine):  # restarted: fresh processes, a new store
+            procs[i] = _spawn(args[i], rank=r, world=2, port=port)
+        while not all(ready(i) for i in mine):
+            assert time.time() < deadline and all(procs[i].poll() is None for i in mine)
+            time.sleep(0.1)
+        resumed_at = max(r["step"] for r in committed(others[0]))
+        hold.unlink()
+        _wait(procs, time.time() + 300, "the run", paths)
+        assert [p.returncode for p in procs] == [0] * 4
+    finally:
+        server.shutdown()
+
+    done = [_records(log)[-1] for log in logs]
+    assert all(d.get("done") for d in done)
+    for i in others:
+        recs = [r for r in _records(logs[i]) if "step" in r]
+        assert {r["pid"] for r in recs} == {procs[i].pid}  # never restarted
+        assert all(s < killed_at for s in done[i]["heal_steps"])  # no heal after the kill
+        steps_done = [r["step"] for r in recs if r["committed"]]
+        assert steps_done == list(range(steps_done[0], steps))  # every step, in order, once
+        assert steps_done[0] <= 1
+        assert done[i]["failed_commits"] <= 2  # at most the step in progress, redone
+        assert any(r["parts"] == 1 for r in recs) and any(r["parts"] == 2 for r in recs)
+    for i in mine:  # each rank of the restarted group healed from a live peer past the kill
+        heal_steps = done[i]["heal_steps"]
+        assert len(heal_steps) >= 1 and heal_steps[-1] >= resumed_at, (heal_steps, resumed_at)
+        rejoined = [r for r in _records(logs[i]) if "step" in r and r["pid"] == done[i]["pid"]]
+        assert rejoined[0]["step"] == heal_steps[-1] and rejoined[-1]["step"] == steps - 1
+    assert not list(tmp_path.rglob("*.pth")) and not list(tmp_path.rglob("last_checkpoint"))
+    states = [torch.load(a["out"], weights_only=True) for a in args]
+    _assert_same_state(states[0], states[2])  # rank 0 of each group: the same shards
+    _assert_same_state(states[1], states[3])
     assert states[0]["schedulers"][0]["_global_step"] == steps
 
 

@@ -174,6 +174,28 @@ class Checkpointer:
         """The registered state objects, by key."""
         return {key: entry.state for key, entry in self._states.items()}
 
+    def local_state_dict(self) -> dict[str, Any]:
+        """This rank's part of every registered state, by key, taken without any collective:
+        each state's ``local_state_dict()`` where it has one, else its ``state_dict()`` (see
+        :mod:`~shardwise.checkpoint.states`). What a peer rank of the same layout loads with
+        :meth:`load_local_state_dict` (fault tolerance heals a replica group this way)."""
+        return {
+            key: getattr(e.state, "local_state_dict", e.state.state_dict)()
+            for key, e in self._states.items()
+        }
+
+    def load_local_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load what a peer rank's :meth:`local_state_dict` gave, every state in registration
+        order, without any collective. Raises KeyError naming the keys that differ (checked
+        before anything is loaded)."""
+        if set(state_dict) != set(self._states):
+            raise KeyError(
+                f"the local state has {sorted(state_dict)}, this Checkpointer registers "
+                f"{sorted(self._states)}; both sides must register the same states"
+            )
+        for key, e in self._states.items():
+            getattr(e.state, "load_local_state_dict", e.state.load_state_dict)(state_dict[key])
+
     def _selected(self, skip: Sequence[str]) -> dict[str, _Entry]:
         return {key: e for key, e in self._states.items() if key not in skip}
 

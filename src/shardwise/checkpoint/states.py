@@ -7,14 +7,19 @@ is given, by checkpoint key: a strategy registers its model, optimizers and sche
 (:mod:`shardwise.strategies.states`) and the random state (:class:`RandomState`), a runner its
 loop position and message hub, and any caller what it likes.
 
-Two optional methods let a state object take part in the Checkpointer's guarantees:
+Optional methods let a state object take part in the Checkpointer's guarantees:
 
 - ``fit_state_dict(saved) -> (saved, problems)``: the saved entry put in the shape
   ``load_state_dict`` takes, and what keeps it from fitting (a resume loads nothing unless
   every state fits);
 - ``register_pre_change_hook(fn)``: call ``fn()`` before the object changes its saved tensors
   in place (an optimizer step, a forward that updates buffers), so an asynchronous save can
-  finish copying them first.
+  finish copying them first;
+- ``local_state_dict()`` / ``load_local_state_dict(state_dict)``: this rank's part of the state
+  alone, taken and loaded *without any collective*, for a peer rank of the same layout (a
+  replica group healing rank by rank from a live one: :meth:`Checkpointer.local_state_dict
+  <shardwise.checkpoint.checkpointer.Checkpointer.local_state_dict>`). An object without them
+  is taken with ``state_dict()``, which must then be collective-free.
 """
 
 from __future__ import annotations
@@ -62,6 +67,20 @@ class RandomState:
             randomness=randomness,
             rng_states=dist.all_gather_object(capture_rng_state()),
         )
+
+    def local_state_dict(self) -> dict[str, Any]:
+        """This rank's RNG state and the run's seed (no collective)."""
+        randomness = dict(self._randomness())
+        return dict(
+            seed=randomness.get("seed"), randomness=randomness, rng_state=capture_rng_state()
+        )
+
+    def load_local_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore what a peer rank's :meth:`local_state_dict` gave (no collective)."""
+        seed, here = state_dict.get("seed"), self._randomness().get("seed")
+        if seed is not None and seed != here:
+            self._reseed(seed)
+        restore_rng_state(state_dict["rng_state"])
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         seed, here = state_dict.get("seed"), self._randomness().get("seed")

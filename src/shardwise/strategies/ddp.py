@@ -138,7 +138,7 @@ class DDPStrategy(BaseStrategy):
     def _register_states(self) -> None:
         super()._register_states()
         if self.fault_tolerance is not None:
-            self.fault_tolerance.attach(lambda: self.checkpointer.states, self._wrappers())
+            self.fault_tolerance.attach(self.checkpointer, self._wrappers())
 
 
 def _parse_own_args(model_wrapper: Any, sync_bn: Any) -> dict[str, Any]:

@@ -25,10 +25,14 @@ Nothing is skipped or repeated when a group is lost: every step's global batch i
 among the groups live in that step's quorum (the step in progress when a group dies is
 redone by the survivors, since its commit fails).
 
-A replica group is one process for now: torchft heals each rank of a group from the same
-rank of a peer group, independently, while the state objects of a multi-rank group take
-collective state dicts (full tensors gathered on rank 0, every rank's RNG state), which would
-wait on ranks that are not healing. FSDP inside a replica group (FT-HSDP) is not built yet.
+FT-HSDP: ``FSDPStrategy(parallelism=dict(dp_shard=2), fault_tolerance=dict(...))`` makes each
+replica group FSDP2 over its own ranks (its own launch and mesh); FSDP reduce-scatters the
+gradients inside the group, then each rank all-reduces its gradient shards with the same rank
+of the other live groups through torchft's process group, before the optimizer step. torchft
+heals each rank of a group from the same rank of a peer group, independently, so the heal
+moves each rank's own part of the state without any collective: the Checkpointer's
+:meth:`~shardwise.checkpoint.checkpointer.Checkpointer.local_state_dict` (DTensor shards as
+plain tensors, this rank's RNG state). Under DDP a replica group is one process.
 
 torchft is optional: ``pip install shardwise[ft]``.
 """
@@ -182,6 +186,8 @@ class FaultTolerance:
         group_world_size: the replica group's size (default: the default process group's).
         store_addr: the replica group's TCPStore host (default: ``MASTER_ADDR``).
         store_port: its port (default: ``MASTER_PORT``).
+        multi_rank: whether a replica group may have several ranks (FSDP inside the group);
+            DDP's replica groups are one process.
     """
 
     def __init__(
@@ -193,6 +199,7 @@ class FaultTolerance:
         group_world_size: int | None = None,
         store_addr: str | None = None,
         store_port: int | None = None,
+        multi_rank: bool = False,
     ) -> None:
         self.cfg = check_fault_tolerance(cfg)
         import_torchft()
@@ -205,7 +212,7 @@ class FaultTolerance:
         self.group_world_size = (
             dist.get_world_size() if group_world_size is None else group_world_size
         )
-        if self.group_world_size != 1:
+        if self.group_world_size != 1 and not multi_rank:
             raise ValueError(
                 f"fault_tolerance runs one process per replica group, got a replica group of "
                 f"{self.group_world_size} ranks (WORLD_SIZE={self.group_world_size}); start "
@@ -272,7 +279,8 @@ class FaultTolerance:
             ) from e
         self._recorder = _QuorumRecorder(self.manager._client)
         self.manager._client = self._recorder
-        self._states: Any = None
+        self._checkpointer: Any = None
+        self._params: Any = None
         #: The steps at which this replica group healed from a peer.
         self.heal_steps: list[int] = []
         self.failed_commits = 0
@@ -317,10 +325,14 @@ class FaultTolerance:
         wrapper.register_comm_hook(self.manager, hook)
         return wrapper
 
-    def attach(self, states: Any, wrappers: Mapping[str, Any]) -> None:
-        """Heal through ``states()`` (the Checkpointer's registered state objects, by key)
-        and let each optimizer wrapper step only when the quorum commits."""
-        self._states = states
+    def attach(self, checkpointer: Any, wrappers: Mapping[str, Any], params: Any = None) -> None:
+        """Heal through ``checkpointer``'s registered state objects (each rank its own part:
+        :meth:`~shardwise.checkpoint.checkpointer.Checkpointer.local_state_dict`) and let each
+        optimizer wrapper step only when the quorum commits. ``params()``: the parameters
+        whose gradients (shards) are averaged across the live replica groups before each
+        step (FT-HSDP; None: the DDP hook already did)."""
+        self._checkpointer = checkpointer
+        self._params = params
         self.manager.register_state_dict_fn("shardwise", self.load_state_dict, self.state_dict)
         for wrapper in wrappers.values():
             if getattr(wrapper, "_ft_gated", False):
@@ -328,29 +340,54 @@ class FaultTolerance:
             original = wrapper.step
 
             def step(_original: Any = original, **kwargs: Any) -> None:
+                if self._params is not None:
+                    self.allreduce_gradients(self._params())
                 if self.should_commit():
                     _original(**kwargs)
 
             wrapper.step = step
             wrapper._ft_gated = True
 
+    def allreduce_gradients(self, params: Any) -> None:
+        """Average this rank's gradients (its DTensor shards) with the same rank of every
+        live replica group through torchft's process group: one flat buffer per dtype. A
+        peer lost during the reduction leaves the manager errored (the step does not
+        commit)."""
+        grads = []
+        for p in params:
+            if p.grad is not None:
+                g = p.grad
+                grads.append(g.to_local() if hasattr(g, "to_local") else g)
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for g in grads:
+            by_dtype.setdefault(g.dtype, []).append(g)
+        for group in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in group])
+            self.manager.allreduce(flat).wait()
+            if self.manager.errored() is not None:
+                return
+            offset = 0
+            for g in group:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+
     def state_dict(self) -> dict[str, Any]:
-        """The whole training state, every registered state object's ``state_dict()`` by key
-        (tensors copied): what a healing peer receives."""
-        return {key: _clone(state.state_dict()) for key, state in self._states().items()}
+        """This rank's part of the whole training state, every registered state object's
+        local state by key (tensors copied; no collective): what the same rank of a healing
+        peer group receives."""
+        return _clone(self._checkpointer.local_state_dict())
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load what a peer's :meth:`state_dict` gave, every state object in registration
         order (the random state before a loop that reseeds its sampler)."""
-        states = self._states()
+        states = self._checkpointer.states
         if set(state_dict) != set(states):
             raise RuntimeError(
                 f"replica group {self.replica_group}: the peer's state has "
                 f"{sorted(state_dict)}, this replica registers {sorted(states)}; every replica "
                 "group must run the same config"
             )
-        for key, state in states.items():
-            state.load_state_dict(state_dict[key])
+        self._checkpointer.load_local_state_dict(state_dict)
         self.heal_steps.append(self.manager.current_step())
         self.logger.info(
             "replica group %d healed from a live peer at step %d",

@@ -55,6 +55,7 @@ from shardwise.registry import MODEL_WRAPPERS, STRATEGIES
 from shardwise.tree import contains, map_tensors
 
 from .base import BaseStrategy
+from .fault_tolerance import FaultTolerance, check_fault_tolerance
 from .fsdp_config import (
     DEFAULT_SHARDER_NAMES,
     FSDP1_ONLY_KEYS,
@@ -254,6 +255,7 @@ class FSDPStrategy(BaseStrategy):
             ``dict(split_points=[...], schedule='1F1B', n_microbatches=..., stages_per_rank=...,
             loss_fn=...)`` (see :mod:`~shardwise.strategies.pipeline`); each stage is then
             parallelised as a whole model is, and :attr:`pipeline` runs the train step.
+        fault_tolerance: this launch is one replica group of FT-HSDP (:mod:`.fault_tolerance`).
         **kwargs: :class:`~shardwise.strategies.BaseStrategy` arguments.
     """
 
@@ -268,6 +270,7 @@ class FSDPStrategy(BaseStrategy):
         parallelism: Mapping[str, int] | None = None,
         tp_plan: Any = None,
         pipeline: Mapping[str, Any] | None = None,
+        fault_tolerance: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         _check_own_flags(skip_init_weights, train_micro_batch_size_per_gpu)
@@ -287,6 +290,7 @@ class FSDPStrategy(BaseStrategy):
         if self._tp_plan is not None and self.degrees.tp == 1:
             self.logger.info("tp_plan is not applied: parallelism has tp=1")
         _check_pipeline_format(self.degrees, self._state_dict.format.name)
+        self._ft_cfg, self.fault_tolerance = _check_ft(self.degrees, fault_tolerance), None
         if pipeline is not None and self.degrees.pp == 1:
             self.logger.info("pipeline is not applied: parallelism has pp=1")
         ignored = self._fsdp_config.ignored_fsdp1_keys
@@ -332,6 +336,7 @@ class FSDPStrategy(BaseStrategy):
         degrees = _degrees(fsdp_config, kwargs.get("parallelism"), plan, world_size, local_size)
         fmt = parse_state_dict_cfg(kwargs.get("state_dict_cfg", "sharded")).format
         _check_pipeline_format(degrees, fmt.name)
+        _check_ft(degrees, kwargs.get("fault_tolerance"))
 
     @property
     def state_dict_type(self) -> Any:
@@ -637,6 +642,7 @@ class FSDPStrategy(BaseStrategy):
         """As :meth:`BaseStrategy._register_states`; a pipeline stage's model and optimizer
         states take their own part of a checkpoint (:class:`~.pipeline.StagePart`)."""
         super()._register_states()
+        _attach_ft(self)
         if self.pipeline is None:
             return
         model = self.model
@@ -754,6 +760,35 @@ def _degrees(
             "or a callable parallelize_fn(model, mesh)"
         )
     return degrees
+
+
+def _check_ft(degrees: Degrees, cfg: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The checked ``fault_tolerance`` config (None without one). FT-HSDP: the replica
+    dimension is torchft's, so the mesh has none (and no pipeline stages)."""
+    if cfg is None:
+        return None
+    ft = check_fault_tolerance(cfg)
+    if degrees.dp_replicate > 1 or degrees.pp > 1:
+        raise ValueError(
+            f"fault_tolerance with parallelism dp_replicate={degrees.dp_replicate}, "
+            f"pp={degrees.pp}: the replica dimension is torchft's (num_replica_groups="
+            f"{ft['num_replica_groups']}, each its own launch) and pipeline stages are not "
+            "supported; use dp_replicate=1 and pp=1 (dp_shard, tp inside a replica group)"
+        )
+    return ft
+
+
+def _attach_ft(strategy: FSDPStrategy) -> None:
+    """Start this replica group's torchft Manager (its ranks FSDP2 over the group's own
+    mesh) once prepared; heal through the strategy's Checkpointer, each rank its own shards,
+    and average the gradient shards across the live replica groups before each step."""
+    cfg = strategy._ft_cfg
+    if cfg is not None and strategy.fault_tolerance is None:
+        strategy.fault_tolerance = FaultTolerance(cfg, logger=strategy.logger, multi_rank=True)
+    if strategy.fault_tolerance is not None:
+        strategy.fault_tolerance.attach(
+            strategy.checkpointer, strategy._wrappers(), params=strategy.model.parameters
+        )
 
 
 def _check_pipeline_format(degrees: Degrees, fmt: str) -> None:

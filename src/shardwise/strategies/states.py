@@ -13,12 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions
+from torch.distributed.tensor import DTensor
 
 from shardwise.checkpoint.checkpointer import DEFAULT_REVISE_KEYS
 from shardwise.optim import OptimWrapper
 from shardwise.optim.parts import SINGLE
+from shardwise.tree import map_tensors
 
 from .matching import (
     model_mismatches,
@@ -47,6 +50,42 @@ _LoadOptions = Callable[[Any], StateDictOptions]
 
 def _same(state: Any) -> Any:
     return state
+
+
+#: How a local state (:meth:`ModelState.local_state_dict`) is taken: this rank's shards.
+_LOCAL = StateDictOptions(full_state_dict=False, cpu_offload=False)
+
+
+def _to_local(state: Any) -> Any:
+    """``state`` with every DTensor replaced by this rank's shard (a plain tensor)."""
+    return map_tensors(lambda t: t.to_local() if isinstance(t, DTensor) else t, state)
+
+
+def _like(local: Any, ref: Any) -> Any:
+    """``local`` (a peer rank's shard) as a DTensor laid out as ``ref`` when ``ref`` is one
+    whose shard has ``local``'s shape; else ``local`` itself."""
+    if (
+        isinstance(ref, DTensor)
+        and isinstance(local, torch.Tensor)
+        and local.shape == ref.to_local().shape
+    ):
+        return DTensor.from_local(
+            local.to(ref.device),
+            ref.device_mesh,
+            ref.placements,
+            run_check=False,
+            shape=ref.shape,
+            stride=ref.stride(),
+        )
+    return local
+
+
+def _check_local_keys(what: str, got: Any, here: Any) -> None:
+    if set(got) != set(here):
+        raise KeyError(
+            f"the peer's local {what} state has keys {sorted(got)[:8]}..., this rank's has "
+            f"{sorted(here)[:8]}...; both replicas must build the same model and optimizers"
+        )
 
 
 class ModelState:
@@ -89,6 +128,18 @@ class ModelState:
             state_dict, unwrap_model(self.model), strict, (), self._logger
         )
         load_model_state(self.model, usable, self._load_options(usable))
+
+    def local_state_dict(self) -> dict[str, Any]:
+        """This rank's shards of the weights (plain tensors; no collective), for a peer
+        rank of the same mesh (:meth:`load_local_state_dict`)."""
+        return _to_local(model_state(self.model, _LOCAL))
+
+    def load_local_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a peer rank's :meth:`local_state_dict` into this rank's shards (no
+        collective; the same mesh and placements on both sides)."""
+        here = model_state(self.model, _LOCAL)
+        _check_local_keys("model", state_dict, here)
+        load_model_state(self.model, {k: _like(v, here[k]) for k, v in state_dict.items()}, _LOCAL)
 
     def fit_state_dict(self, saved: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         """The saved keys revised (a ``module.`` prefix dropped), and what keeps them from
@@ -140,6 +191,30 @@ class OptimizersState:
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         load_optim_states(self.model, self.wrappers, state_dict, self._load_options)
+
+    def local_state_dict(self) -> dict[str, Any]:
+        """This rank's shards of every optimizer's state (plain tensors; no collective)."""
+        states = {n: get_optim_state(self.model, w, _LOCAL) for n, w in self.wrappers.items()}
+        return _to_local(states[SINGLE] if SINGLE in states else states)
+
+    def load_local_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a peer rank's :meth:`local_state_dict` (no collective): each per-parameter
+        tensor shaped as the parameter's shard becomes a DTensor laid out as it."""
+        params = model_state(self.model, _LOCAL)
+
+        def rebuilt(state: Mapping[str, Any]) -> dict[str, Any]:
+            per_param = {
+                name: {k: _like(v, params.get(name)) for k, v in entry.items()}
+                for name, entry in state["state"].items()
+            }
+            return {**state, "state": per_param}
+
+        if SINGLE in self.wrappers:
+            state = rebuilt(state_dict)
+        else:
+            _check_local_keys("optimizers", state_dict, self.wrappers)
+            state = {name: rebuilt(s) for name, s in state_dict.items()}
+        load_optim_states(self.model, self.wrappers, state, lambda _: _LOCAL)
 
     def fit_state_dict(self, saved: Mapping[str, Any]) -> tuple[Any, list[str]]:
         """The saved state keyed by parameter name where the checkpoint numbers them
