@@ -489,6 +489,18 @@ def test_ft_hsdp_refuses_a_replicate_dimension_of_its_own() -> None:
         )
 
 
+def test_ft_hsdp_unreachable_lighthouse_fails_on_both_ranks(tmp_path) -> None:
+    args, procs = _ft_hsdp_run(tmp_path, f"http://127.0.0.1:{_free_port()}", steps=2, groups=1)
+    start = time.time()
+    _wait(procs, time.time() + 120, "the workers", [a["log"] for a in args])
+    for a, p in zip(args, procs, strict=True):
+        err = Path(a["log"]).with_suffix(".err").read_text()
+        assert p.returncode != 0
+        line = "could not reach the lighthouse"
+        assert line in err and "connect_timeout=5.0s" in err, err[-2000:]
+    assert time.time() - start < 90
+
+
 @pytest.mark.slow
 def test_ft_hsdp_without_failures_losses_equal_plain_hsdp(tmp_path) -> None:
     """2 replica groups x 2 ranks (FSDP2 inside, torchft across) against plain HSDP
