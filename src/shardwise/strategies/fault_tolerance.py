@@ -10,7 +10,8 @@ optimizers, schedulers, random state, ...), over HTTP, not from disk. The optimi
 commits only when every live group agrees (torchft's ``OptimizerWrapper`` semantics).
 
 Enabled by ``DDPStrategy(fault_tolerance=dict(replica_group=0, num_replica_groups=3,
-min_replicas=1, lighthouse='http://host:29510'))``. The training loop calls
+min_replicas=1, lighthouse='http://host:29510'))`` (or ``FSDPStrategy(parallelism=dict(
+dp_shard=...), fault_tolerance=...)``: FT-HSDP, below). The training loop calls
 :meth:`FaultTolerance.start_step` before it reads a step's data; the step it returns (restored
 by a heal) says which data to read, and :meth:`FaultTolerance.shard` which part of it is this
 replica's for the current quorum::
@@ -215,9 +216,10 @@ class FaultTolerance:
         if self.group_world_size != 1 and not multi_rank:
             raise ValueError(
                 f"fault_tolerance runs one process per replica group, got a replica group of "
-                f"{self.group_world_size} ranks (WORLD_SIZE={self.group_world_size}); start "
-                "each replica group with one process (torchrun --nproc-per-node 1) and more "
-                "replica groups instead"
+                f"{self.group_world_size} ranks (WORLD_SIZE={self.group_world_size}) under "
+                "DDPStrategy; start each replica group with one process (torchrun "
+                "--nproc-per-node 1), or use FSDPStrategy(fault_tolerance=...) for several "
+                "ranks per replica group (FT-HSDP)"
             )
         store_addr = store_addr or os.environ.get("MASTER_ADDR")
         port = store_port or os.environ.get("MASTER_PORT")
