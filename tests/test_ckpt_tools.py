@@ -222,7 +222,9 @@ def test_inspect_a_two_rank_sharded_checkpoint_shows_global_shapes(fsdp_ckpts, c
     assert summary["world_size"] == 2 and summary["strategy"] == "FSDPStrategy"
     assert summary["position"] == {"iter": 2}
     assert {f["name"] for f in summary["files"]} == {
-        ".metadata",
+        "__0.metadata",
+        "__1.metadata",
+        "layout.json",
         "__0_0.distcp",
         "__1_0.distcp",
         "meta.pt",
@@ -230,7 +232,7 @@ def test_inspect_a_two_rank_sharded_checkpoint_shows_global_shapes(fsdp_ckpts, c
     model = {t["name"]: t["shape"] for t in summary["tensors"] if t["section"] == "state_dict"}
     assert model == {k: list(v.shape) for k, v in weights.items()}
     code, text, _ = _run(capsys, "inspect", work_dir / "sharded.ckpt")
-    assert "format      sharded (DCP directory, 4 files" in text
+    assert "format      sharded (DCP directory, 6 files" in text
     assert "FSDPStrategy, 2 rank(s)" in text and "net.0.weight" in text
 
 
@@ -538,7 +540,9 @@ def test_a_synchronous_sharded_save_leaves_the_records_checksums_to_its_manifest
     assert code == 0 and "carry no CRC-32" in out and "their bytes were not checked" in out
 
 
-@pytest.mark.parametrize("deleted", ["__0_0.distcp", "meta.pt", ".metadata"])
+@pytest.mark.parametrize(
+    "deleted", ["__0_0.distcp", "meta.pt", "__0.metadata", "__1.metadata", "layout.json"]
+)
 def test_verify_fails_naming_a_deleted_sharded_file(deleted, sharded_copy, capsys):
     assert _run(capsys, "verify", sharded_copy)[0] == 0
     (sharded_copy / deleted).unlink()

@@ -163,7 +163,7 @@ def _save_then_resume(path):
 
     rank, world = dist.get_rank(), dist.get_world_size()
     state, full, mesh = _dtensor_state(world, rank)
-    calls = {"n": 0}
+    calls = []
     collectives = (
         "gather_object",
         "scatter_object_list",
@@ -178,7 +178,7 @@ def _save_then_resume(path):
 
     def counting(name):
         def call(*a, **k):
-            calls["n"] += 1
+            calls.append((name, a[0].numel() if name == "all_reduce" else None))
             return originals[name](*a, **k)
 
         return call
@@ -211,7 +211,7 @@ def _save_then_resume(path):
     finally:
         planning.read_fragments = read
     return {
-        "collectives during the save": calls["n"],
+        "collectives during the save": calls,
         "written": sorted(w.path.name for w in written),
         "fragments read": opened,
         "model": {k: v.full_tensor() for k, v in loaded["state_dict"].items()},
@@ -222,13 +222,14 @@ def _save_then_resume(path):
     }
 
 
-def test_a_save_on_two_ranks_needs_no_collective_and_each_rank_reads_its_fragments(
+def test_a_save_on_two_ranks_exchanges_3_integers_and_each_rank_reads_its_fragments(
     tmp_path, capsys
 ):
     path = tmp_path / "ckpt"
     results = run_distributed(_save_then_resume, 2, str(path), init_pg=True)
     for rank, result in enumerate(results):
-        assert result["collectives during the save"] == 0
+        # one all-reduce of 3 integers (every rank holds the same entries), nothing else
+        assert result["collectives during the save"] == [("all_reduce", 3)]
         assert f"__{rank}.metadata" in result["written"]
         assert f"__{rank}_0.distcp" in result["written"]
         assert ("layout.json" in result["written"]) == (rank == 0)
@@ -253,3 +254,25 @@ def test_a_save_on_two_ranks_needs_no_collective_and_each_rank_reads_its_fragmen
     again = {"state_dict/v": torch.zeros(7)}
     dcp.load(again, checkpoint_id=str(path), no_dist=True)
     assert torch.equal(again["state_dict/v"], results[0]["full"]["v"])
+
+
+def _save_different_entries(path):
+    """Rank 1 holds an entry rank 0 does not (as a pipeline stage holds its own layers)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    state, full, _ = _dtensor_state(dist.get_world_size(), rank)
+    state["state_dict"][f"only_on_{rank}"] = torch.full((3,), float(rank))
+    save_sharded_checkpoint(state, path)
+    return full
+
+
+def test_ranks_holding_different_entries_save_through_dcps_central_planner(tmp_path):
+    path = tmp_path / "ckpt"
+    full = run_distributed(_save_different_entries, 2, str(path), init_pg=True)[0]
+    names = {p.name for p in path.iterdir()}
+    assert ".metadata" in names and "layout.json" not in names
+    stored = {"state_dict/only_on_0": torch.zeros(3), "state_dict/only_on_1": torch.zeros(3)}
+    dcp.load(stored, checkpoint_id=str(path), no_dist=True)
+    assert stored["state_dict/only_on_1"].tolist() == [1.0, 1.0, 1.0]  # nothing lost
+    assert torch.equal(load_sharded_checkpoint(path)["state_dict"]["w"], full["w"])

@@ -199,7 +199,7 @@ def test_fsdp_in_a_torch_trainer_saves_a_sharded_checkpoint_a_single_process_res
     assert metrics["group_alive"] and metrics["is_dir"]  # Ray's group adopted and left alive
     with result.checkpoint.as_directory() as directory:
         names = sorted(p.name for p in Path(directory).iterdir())
-        assert {".metadata", "__0_0.distcp", "__1_0.distcp", "manifest.json"} <= set(names)
+        assert {"__0.metadata", "__0_0.distcp", "__1_0.distcp", "manifest.json"} <= set(names)
         strategy = SingleDeviceStrategy(work_dir=str(tmp_path / "single"))
         strategy.prepare(DropoutRegressor(), optim_wrapper=optim)
         meta = strategy.resume(checkpoint_in(directory))["meta"]

@@ -22,8 +22,11 @@ def read_dcp_metadata(path: Path) -> Any:
         _check_dcp_metadata(metadata)
         return metadata
     except Exception as exc:  # noqa: BLE001 - a damaged .metadata fails in many ways
+        where = path / DCP_METADATA
+        if not where.is_file() and (path / "layout.json").is_file():
+            where = path / "__{rank}.metadata"  # the fragments, which the message names
         raise CheckpointError(
-            f"{path / DCP_METADATA} cannot be read ({type(exc).__name__}: "
+            f"{where} cannot be read ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); the sharded checkpoint "
             "is damaged or was cut short"
         ) from exc

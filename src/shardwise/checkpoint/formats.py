@@ -2,8 +2,10 @@
 
 - :data:`FULL` (``'full'``): one file, written by rank 0 (:mod:`.full`); the state is gathered
   whole before it is saved;
-- :data:`SHARDED` (``'sharded'``): a directory holding DCP's ``.metadata``, written by every
-  rank (:mod:`.sharded`);
+- :data:`SHARDED` (``'sharded'``): a directory written by every rank through DCP
+  (:mod:`.sharded`), indexed by a metadata fragment per rank and ``layout.json``
+  (:mod:`.planning`; DCP's one ``.metadata`` once ``shardwise ckpt index`` wrote it) or, saved
+  by DCP's central planner, by ``.metadata``;
 - :data:`LOCAL` (``'local'``): a directory of ``rank{i}.pth``, each rank's own shards
   (:mod:`.local`, mmengine's layout);
 - :data:`SAFETENSORS` (``'safetensors'``): an exported file of weights
@@ -54,6 +56,7 @@ from .full import (
 from .local import load_local_checkpoint, local_ranks, rank_file, save_local_checkpoint
 from .manifest import ChecksumCheck, checksums_checked, recorded_files
 from .opened import MODEL, OpenCheckpoint, TensorInfo, map_infos, normalize
+from .planning import LAYOUT_FILE, index_files, is_fragmented
 from .safe_dcp import SafeFileSystemReader
 from .safetensors_file import TORCH_DTYPES, is_safetensors_file, read_safetensors_header
 from .sharded import (
@@ -340,7 +343,8 @@ class _Sharded(CheckpointFormat):
             keys[info.key] = key
             return info
 
-        files = sorted({DCP_METADATA, META_FILE} | dcp_files(metadata))
+        index = index_files(path) if is_fragmented(path) else {DCP_METADATA}
+        files = sorted(index | {META_FILE} | dcp_files(metadata))
         skeleton = map_with_path(describe, skeleton, is_leaf=is_ref)
         return OpenCheckpoint(path, self, skeleton, files, keys)
 
@@ -498,10 +502,10 @@ def format_named(name: Any, what: str = "format") -> CheckpointFormat:
 
 def detect_format(path: str | os.PathLike[str], *, probe: bool = False) -> CheckpointFormat:
     """The format of what is at ``path``, told from what is on disk: :data:`SHARDED` for a
-    directory holding DCP's ``.metadata``, :data:`LOCAL` for a directory of ``rank{i}.pth``,
-    :data:`SAFETENSORS` for a file that starts like one, else :data:`FULL`. With ``probe``,
-    a cheap look that it really is one (the first bytes of a file, the index files of a
-    directory); no tensor is read.
+    directory holding ``layout.json`` or DCP's ``.metadata``, :data:`LOCAL` for a directory
+    of ``rank{i}.pth``, :data:`SAFETENSORS` for a file that starts like one, else
+    :data:`FULL`. With ``probe``, a cheap look that it really is one (the first bytes of a
+    file, the index files of a directory); no tensor is read.
 
     Raises:
         FileNotFoundError: nothing is at ``path``.
@@ -516,14 +520,14 @@ def detect_format(path: str | os.PathLike[str], *, probe: bool = False) -> Check
         )
     if not path.is_dir():
         fmt = SAFETENSORS if is_safetensors_file(path) else FULL
-    elif (path / DCP_METADATA).is_file():
+    elif (path / DCP_METADATA).is_file() or is_fragmented(path):
         fmt = SHARDED
     elif local_ranks(path):
         fmt = LOCAL
     else:
         raise CheckpointError(
             f"{path} is a directory but not a checkpoint: a sharded checkpoint holds "
-            f"{DCP_METADATA}, a local one rank0.pth, rank1.pth, ...; it holds "
+            f"{LAYOUT_FILE} or {DCP_METADATA}, a local one rank0.pth, rank1.pth, ...; it holds "
             f"{sorted(os.listdir(path))[:10]}"
         )
     if probe:

@@ -77,11 +77,14 @@ __all__ = [
     "describe",
     "fragment_name",
     "fragments_for",
+    "index_files",
+    "is_fragmented",
     "merge_fragments",
     "plan_save",
     "plannable",
     "read_fragments",
     "read_layout",
+    "signature",
     "wanted_chunks",
     "write_merged_metadata",
 ]
@@ -220,6 +223,30 @@ def plannable(tensors: Mapping[str, Any], world_size: int) -> bool:
     return True
 
 
+def signature(tensors: Mapping[str, Any]) -> int:
+    """A 63-bit digest of the state's structure as this rank sees it: every key, and each
+    tensor's global shape, dtype, mesh and placements. Equal on every rank when every rank
+    holds the same entries (not so under pipeline parallelism, where a stage holds its own
+    layers: there rank 0 could not write the others' plain tensors)."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=8)
+    for key in sorted(tensors):
+        value = tensors[key]
+        parts = [key, str(getattr(value, "dtype", type(value).__name__))]
+        if isinstance(value, torch.Tensor):
+            parts.append(str(tuple(value.shape)))
+        if isinstance(value, DTensor):
+            parts += [str(tuple(value.device_mesh.shape)), str(value.device_mesh.mesh.tolist())]
+            parts += [
+                str(_placement_code(p))
+                for p in value.placements
+                if isinstance(p, Shard | Replicate)
+            ]
+        digest.update("\x1f".join(parts).encode() + b"\x1e")
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
 def describe(tensors: Mapping[str, torch.Tensor], world_size: int) -> SaveLayout:
     """The :class:`SaveLayout` of ``tensors`` (the same on every rank; O(T))."""
     meshes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
@@ -263,8 +290,9 @@ def plan_save(tensors: Mapping[str, torch.Tensor], rank: int) -> tuple[SavePlan,
     """This rank's write items and metadata fragment, computed alone (no collectives).
 
     A DTensor's chunk is planned where this rank is its writer (:func:`_writes`) unless it
-    is empty (an empty tensor: by the rank at coordinates 0), a plain tensor on rank 0; the fragment lists exactly the chunks planned (its ``storage_data`` is
-    filled in by the writer). Works on meta tensors and meta-device meshes (the benchmark)."""
+    is empty (an empty tensor: by the rank at coordinates 0), a plain tensor on rank 0. The
+    fragment lists exactly the chunks planned (the writer fills in its ``storage_data``).
+    Works on meta tensors and on meshes made without a process group (the benchmark)."""
     items: list[WriteItem] = []
     md: dict[str, TensorStorageMetadata] = {}
     for key, value in tensors.items():
@@ -392,36 +420,41 @@ def fragments_for(layout: SaveLayout, wanted: Mapping[str, list[Chunk]]) -> list
 
 def merge_fragments(fragments: Iterable[Metadata]) -> Metadata:
     """One DCP :class:`Metadata` of every chunk the fragments list (in their order)."""
-    md: dict[str, TensorStorageMetadata] = {}
-    storage: dict[MetadataIndex, Any] = {}
-    planner_data: dict[str, Any] = {}
-    merged = Metadata(state_dict_metadata=md, planner_data=planner_data, storage_data=storage)
+    merged = Metadata(state_dict_metadata={}, planner_data={}, storage_data={})
     for fragment in fragments:
-        for key, entry in fragment.state_dict_metadata.items():
-            have = md.get(key)
-            if have is None:
-                md[key] = TensorStorageMetadata(entry.properties, entry.size, list(entry.chunks))
-            else:
-                if have.size != entry.size or have.properties.dtype != entry.properties.dtype:
-                    raise CheckpointError(
-                        f"metadata fragments disagree on {key!r}: {tuple(have.size)} "
-                        f"{have.properties.dtype} against {tuple(entry.size)} "
-                        f"{entry.properties.dtype}"
-                    )
-                have.chunks.extend(entry.chunks)
-        storage.update(fragment.storage_data or {})
-        planner_data.update(fragment.planner_data or {})
-        if merged.storage_meta is None:
-            merged.storage_meta = fragment.storage_meta
-        merged.version = fragment.version
+        _merge_into(merged, fragment)
     return merged
 
 
+def _merge_into(merged: Metadata, fragment: Metadata) -> None:
+    """Add ``fragment``'s chunks, storage entries and planner data to ``merged``."""
+    md, storage, planner_data = merged.state_dict_metadata, merged.storage_data, merged.planner_data
+    for key, entry in fragment.state_dict_metadata.items():
+        have = md.get(key)
+        if have is None:
+            md[key] = TensorStorageMetadata(entry.properties, entry.size, list(entry.chunks))
+        else:
+            if have.size != entry.size or have.properties.dtype != entry.properties.dtype:
+                raise CheckpointError(
+                    f"metadata fragments disagree on {key!r}: {tuple(have.size)} "
+                    f"{have.properties.dtype} against {tuple(entry.size)} "
+                    f"{entry.properties.dtype}"
+                )
+            have.chunks.extend(entry.chunks)
+    storage.update(fragment.storage_data or {})
+    planner_data.update(fragment.planner_data or {})
+    if merged.storage_meta is None:
+        merged.storage_meta = fragment.storage_meta
+    merged.version = fragment.version
+
+
 def read_fragments(path: str | os.PathLike[str], ranks: Iterable[int]) -> Metadata:
-    """The fragments of ``ranks``, merged (read with shardwise's safe unpickler)."""
+    """The fragments of ``ranks``, merged (read with shardwise's safe unpickler, each checked
+    field by field: a fragment a flipped byte left unpicklable but wrong is named)."""
+    from .dcp_index import _check_dcp_metadata
     from .safe_dcp import load_dcp_metadata
 
-    fragments = []
+    merged = merge_fragments([])
     for rank in ranks:
         file = Path(path) / fragment_name(rank)
         try:
@@ -430,9 +463,18 @@ def read_fragments(path: str | os.PathLike[str], ranks: Iterable[int]) -> Metada
             raise CheckpointError(
                 f"{file} cannot be read ({type(exc).__name__}: {exc}): the checkpoint is incomplete"
             ) from exc
-        with stream:
-            fragments.append(load_dcp_metadata(stream, source=str(file)))
-    return merge_fragments(fragments)
+        try:
+            with stream:
+                fragment = load_dcp_metadata(stream, source=str(file))
+            _check_dcp_metadata(fragment)
+            _merge_into(merged, fragment)
+        except CheckpointError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a damaged pickle fails in many ways
+            raise CheckpointError(
+                f"{file} cannot be read ({type(exc).__name__}: {exc}): a damaged metadata fragment"
+            ) from exc
+    return merged
 
 
 def check_coverage(metadata: Metadata, wanted: Mapping[str, list[Chunk]], where: str) -> None:
@@ -454,6 +496,15 @@ def check_coverage(metadata: Metadata, wanted: Mapping[str, list[Chunk]], where:
                     f"{key!r} this rank reads (offsets {chunk[0]}, sizes {chunk[1]}): a "
                     "fragment is missing or does not match layout.json"
                 )
+
+
+def index_files(path: str | os.PathLike[str]) -> set[str]:
+    """The index files of a checkpoint saved without a gather: ``layout.json`` and every
+    rank's fragment (``.metadata`` too, once ``shardwise ckpt index`` wrote it)."""
+    names = {LAYOUT_FILE} | {fragment_name(r) for r in all_fragment_ranks(path)}
+    if (Path(path) / ".metadata").is_file():
+        names.add(".metadata")
+    return names
 
 
 def all_fragment_ranks(path: str | os.PathLike[str]) -> list[int]:

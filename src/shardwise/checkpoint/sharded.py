@@ -3,7 +3,8 @@
 Layout::
 
     epoch_1.pth/
-        .metadata          DCP's index of every tensor (global shapes, which file holds which chunk)
+        layout.json        every tensor's global shape, dtype, mesh and placements (rank 0)
+        __0.metadata ...   each rank's metadata fragment: DCP's index of the chunks it wrote
         __0_0.distcp ...   each rank's shards of the model and optimizer tensors
         meta.pt            everything else, written by rank 0 with ``torch.save``: ``meta`` (with
                            every rank's RNG states), ``param_schedulers``, extras, the optimizer's
@@ -12,6 +13,12 @@ Layout::
 Only the tensors under ``state_dict`` and ``optimizer`` go through DCP; ``meta.pt`` holds the
 rest so that it reads with ``torch.load(weights_only=True)``. DCP reshards on load: the same
 directory loads on any number of ranks, into sharded (DTensor) or plain tensors.
+
+Each rank plans its own writes (:mod:`.planning`): nothing goes through rank 0, and a resume
+reads only the fragments whose chunks overlap its shards. DCP's one ``.metadata`` (every
+chunk), which torch's own tools read (``dcp_to_torch_save``, ``dcp.load``), is written on
+demand: ``shardwise ckpt index PATH``. A state each rank cannot plan alone (a DTensor on a
+sub-mesh), or ``central_plan=True``, is saved by DCP's central planner with ``.metadata``.
 
 DCP itself would read ``.metadata`` with plain ``pickle``; shardwise reads it through
 :class:`~shardwise.checkpoint.safe_dcp.SafeFileSystemReader`, whose unpickler admits only the
@@ -32,6 +39,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +48,7 @@ import torch.distributed as torch_dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.filesystem import FileSystem, _StoragePrefix
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.utils._pytree import SUPPORTED_NODES
 
@@ -65,7 +73,6 @@ __all__ = [
 ]
 
 DCP_METADATA = ".metadata"
-_GATHER_FREE_BY_DEFAULT = False  # TEMPORARY (issue 27): on once formats.py detects layout.json
 META_FILE = "meta.pt"
 _TENSOR_SECTIONS = ("state_dict", "optimizer")
 REF = "__dcp_tensor__"
@@ -283,7 +290,7 @@ def save_sharded_checkpoint(
     *,
     process_group: torch_dist.ProcessGroup | None = None,
     plan_cache: str | None = None,
-    central_plan: bool | None = None,
+    central_plan: bool = False,
 ) -> list[Path | WrittenFile]:
     """Write ``state`` into the directory ``path``; every rank calls it (a collective, on
     ``process_group``, by default the world). Returns the files this rank wrote, each with
@@ -315,9 +322,10 @@ def save_sharded_checkpoint(
     world = torch_dist.get_world_size() if distributed else 1
     rank = torch_dist.get_rank() if distributed else 0
     in_world = process_group is None or torch_dist.get_world_size(process_group) == world
-    if central_plan is None:
-        central_plan = not _GATHER_FREE_BY_DEFAULT
-    if not central_plan and in_world and planning.plannable(tensors, world):
+    alone = not central_plan and in_world and planning.plannable(tensors, world)
+    if distributed and not central_plan:
+        alone = _every_rank_can_plan_alone(tensors, alone, process_group)
+    if alone:
         written = _save_without_gather(tensors, path, rank, world)
         if rank == 0:
             written.append(save_full_checkpoint(skeleton, path / META_FILE))
@@ -339,6 +347,23 @@ def save_sharded_checkpoint(
     return written
 
 
+def _every_rank_can_plan_alone(
+    tensors: Mapping[str, Any], here: bool, group: torch_dist.ProcessGroup | None
+) -> bool:
+    """Whether every rank can plan alone and holds the same entries (the same
+    :func:`.planning.signature`): one all-reduce of three integers, the save's only exchange
+    before the commit. Otherwise (a pipeline stage holding its own layers, a DTensor on a
+    sub-mesh) the ranks save through DCP's central planner, all of them."""
+    from torch.distributed.distributed_c10d import _get_object_coll_device
+
+    digest = planning.signature(tensors)
+    device = _get_object_coll_device(group)
+    votes = torch.tensor([digest, -digest, 0 if here else 1], dtype=torch.int64, device=device)
+    torch_dist.all_reduce(votes, op=torch_dist.ReduceOp.MAX, group=group)
+    same = int(votes[0]) == -int(votes[1]) == digest
+    return same and int(votes[2]) == 0
+
+
 def _save_without_gather(
     tensors: dict[str, torch.Tensor], path: Path, rank: int, world: int
 ) -> list[Path | WrittenFile]:
@@ -353,7 +378,10 @@ def _save_without_gather(
     )
     writer.set_up_storage_writer(rank == 0, rank=rank, use_collectives=False)
     plan, fragment = planning.plan_save(tensors, rank)
-    plan = planner.finish_plan(writer.prepare_local_plan(plan))
+    # what FileSystemWriter.prepare_local_plan does in its rank-local mode, without its check
+    # for another save's index (rank 0's fragment may already be there: this save's)
+    writer.fs.mkdir(writer.path)
+    plan = planner.finish_plan(replace(plan, storage_data=_StoragePrefix(f"__{rank}_")))
     results = []
     if plan.items:  # DCP would leave an empty data file behind, which no index names
         with _records_without_crc32():
@@ -386,11 +414,15 @@ def verification_share(names: Sequence[str], rank: int, world_size: int) -> list
     return share
 
 
-def dcp_error(action: str, path: Path | str, exc: CheckpointException) -> CheckpointError:
+def dcp_error(
+    action: str, path: Path | str, exc: CheckpointException, *, rank: int | None = None
+) -> CheckpointError:
     """DCP's failure (a ``BaseException`` carrying each failed rank's traceback) as one line
-    naming the checkpoint and, for each rank that failed, its error."""
+    naming the checkpoint and, for each rank that failed, its error (``rank``: this rank's
+    number, for a DCP call without collectives, which numbers itself 0)."""
     failures = "; ".join(
-        f"rank {rank}: {describe_error(error)}" for rank, (error, _) in sorted(exc.failures.items())
+        f"rank {rank if rank is not None else r}: {describe_error(error)}"
+        for r, (error, _) in sorted(exc.failures.items())
     )
     return CheckpointError(f"DCP could not {action} {path} ({failures})")
 
@@ -480,7 +512,8 @@ def _load_from_fragments(path: Path, targets: dict[str, torch.Tensor]) -> None:
         try:
             dcp.load(targets, storage_reader=_FragmentReader(path, metadata), no_dist=True)
         except CheckpointException as exc:  # a BaseException: turn it into an ordinary error
-            raise dcp_error("load", path, exc) from None
+            rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
+            raise dcp_error("load", path, exc, rank=rank) from None
 
 
 def load_sharded_tensors(
