@@ -20,7 +20,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -47,10 +46,8 @@ from shardwise import dist
 from shardwise.checkpoint import CheckpointError
 from shardwise.checkpoint.agreement import on_every_rank, on_rank0
 from shardwise.checkpoint.checkpointer import Layout
-from shardwise.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
-from shardwise.optim.parts import SINGLE, optim_wrapper_parts, part_optimizer
+from shardwise.optim.parts import optim_wrapper_parts, part_optimizer
 from shardwise.optim.scheduler import _ParamScheduler
-from shardwise.optim.scheduler.param_scheduler import unwrap_optimizer, watch_first_step
 from shardwise.registry import MODEL_WRAPPERS, STRATEGIES
 from shardwise.tree import contains, map_tensors
 
@@ -65,6 +62,7 @@ from .fsdp_config import (
     parse_state_dict_cfg,
     parse_wrap_policy,
 )
+from .fsdp_optim import OptimizerRebinder, rebuild_optimizer
 from .mesh import Degrees, build_device_mesh, data_parallel_mesh, resolve_degrees
 from .parallelize import (
     apply_activation_checkpointing,
@@ -179,46 +177,6 @@ def _warn_if_selection_misses(
         )
 
 
-# ---------------------------------------------------------------------------- optimizers
-def rebuild_optimizer(
-    optimizer: torch.optim.Optimizer,
-    names: Mapping[int, str],
-    params: Mapping[str, nn.Parameter],
-) -> torch.optim.Optimizer:
-    """The same optimizer over other parameter objects: each parameter is replaced by the one
-    of the same name (``names``: ``id(old parameter) -> name``; ``params``: name -> new
-    parameter). Param groups keep every hyper-parameter; the optimizer must have no state.
-
-    Example::
-
-        >>> names = {id(p): n for n, p in model.named_parameters()}
-        >>> fully_shard(model)
-        >>> optimizer = rebuild_optimizer(optimizer, names, dict(model.named_parameters()))
-    """
-    groups = []
-    for group in optimizer.param_groups:
-        new_params = []
-        for param in group["params"]:
-            name = names.get(id(param))
-            if name not in params:
-                raise ValueError(
-                    f"the pre-built {type(optimizer).__name__} holds a parameter of shape "
-                    f"{tuple(param.shape)} that is not a parameter of the model (name "
-                    f"{name!r}); build the optimizer over model.parameters()"
-                )
-            new_params.append(params[name])
-        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": new_params})
-    cls = type(optimizer)
-    signature = inspect.signature(cls.__init__).parameters
-    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.values())
-    defaults = {k: v for k, v in optimizer.defaults.items() if takes_all or k in signature}
-    return cls(groups, **defaults)
-
-
-def _is_amp(cfg: Mapping[str, Any]) -> bool:
-    return cfg.get("type") in ("AmpOptimWrapper", AmpOptimWrapper)
-
-
 # ---------------------------------------------------------------------------- the strategy
 @STRATEGIES.register_module()
 class FSDPStrategy(BaseStrategy):
@@ -303,8 +261,7 @@ class FSDPStrategy(BaseStrategy):
                 or "mixed precision details FSDP2 handles itself",
             )
         self.mesh: DeviceMesh | None = None
-        self._param_names: dict[int, str] = {}
-        self._rebuilt: dict[int, torch.optim.Optimizer] = {}
+        self._rebinder = OptimizerRebinder()
 
     # ------------------------------------------------------------------ configuration
     @staticmethod
@@ -415,7 +372,7 @@ class FSDPStrategy(BaseStrategy):
         if isinstance(model, FSDPModule):
             return self.compile_model(model, compile)
         start = time.perf_counter()
-        self._param_names = {id(p): clean_name(n) for n, p in model.named_parameters()}
+        self._rebinder.remember(model)
         on_meta = has_meta_tensors(model)
         tp = self._tp_plan if self.degrees.tp > 1 else None
         styles = resolve_styles(model, tp, self.degrees.tp) if tp is not None else {}
@@ -555,66 +512,13 @@ class FSDPStrategy(BaseStrategy):
         parameter name; an ``AmpOptimWrapper`` gets FSDP's ``ShardedGradScaler``.
         """
         model = model if model is not None else self.model
-        return super().build_optim_wrapper(self._rebind_optimizers(optim_wrapper, model), model)
-
-    def _rebind_optimizers(self, optim_wrapper: Any, model: nn.Module) -> Any:
-        if optim_wrapper is None:
-            return None
-        parts = {
-            name: self._rebind_part(part, model)
-            for name, part in optim_wrapper_parts(optim_wrapper).items()
-        }
-        if isinstance(optim_wrapper, OptimWrapperDict):
-            return optim_wrapper  # its wrappers were rebound in place
-        return parts[SINGLE] if SINGLE in parts else parts
-
-    def _rebind_part(self, part: Any, model: nn.Module) -> Any:
-        if isinstance(part, torch.optim.Optimizer):
-            return self._rebuild(part, model)
-        if isinstance(part, OptimWrapper):
-            part.optimizer = self._rebuild(part.optimizer, model)
-            if isinstance(part, AmpOptimWrapper):
-                self._use_sharded_scaler(part)
-            return part
-        cfg = dict(part)
-        if part_optimizer(cfg) is not None:
-            cfg["optimizer"] = self._rebuild(cfg["optimizer"], model)
-        if _is_amp(cfg):
-            cfg.setdefault("use_fsdp", True)
-        return cfg
-
-    def _rebuild(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
-        current = {clean_name(n): p for n, p in model.named_parameters()}
-        current_ids = {id(p) for p in current.values()}
-        if all(id(p) in current_ids for g in optimizer.param_groups for p in g["params"]):
-            return optimizer  # already over the sharded parameters
-        rebuilt = rebuild_optimizer(optimizer, self._param_names, current)
-        self._rebuilt[id(optimizer)] = self._rebuilt[id(rebuilt)] = rebuilt
-        return rebuilt
-
-    def _use_sharded_scaler(self, wrapper: AmpOptimWrapper) -> None:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        wrapper.device_type = self.device.type
-        scaler = wrapper.loss_scaler
-        if scaler is None or isinstance(scaler, ShardedGradScaler):
-            return
-        sharded = ShardedGradScaler(self.device.type, enabled=scaler.is_enabled())
-        state = scaler.state_dict()
-        if state:
-            sharded.load_state_dict(state)
-        wrapper.loss_scaler = sharded
+        rebound = self._rebinder.rebind(optim_wrapper, model, self.device.type)
+        return super().build_optim_wrapper(rebound, model)
 
     def _adopt_scheduler(self, scheduler: _ParamScheduler, optim_wrapper: Any) -> _ParamScheduler:
         """Point a pre-built scheduler at the rebuilt optimizer (kept, with its state)."""
-        current = unwrap_optimizer(scheduler.optimizer)
-        new = self._rebuilt.get(id(current))  # keyed by the old and the new optimizer
-        if new is None:
-            return scheduler
-        if scheduler.optimizer is current:  # built on the bare optimizer, not on a wrapper
-            scheduler.optimizer = new
-        watch_first_step(new)  # the step-order check watches the optimizer that steps
-        return scheduler
+        return self._rebinder.adopt(scheduler)
+
 
     # ------------------------------------------------------------------ state dicts
     def _state_dict_options(self, **overrides: Any) -> StateDictOptions:
