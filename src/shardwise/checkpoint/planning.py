@@ -211,10 +211,13 @@ def plannable(tensors: Mapping[str, Any], world_size: int) -> bool:
     """Whether every rank can plan ``tensors`` alone: tensors only, each DTensor on a mesh of
     the whole group (``world_size`` ranks) with Shard/Replicate placements. The answer is the
     same on every rank (it depends on the state's structure only)."""
+    sizes: dict[int, int] = {}
     for value in tensors.values():
         if isinstance(value, DTensor):
             mesh = value.device_mesh
-            if mesh.size() != world_size or any(
+            if id(mesh) not in sizes:
+                sizes[id(mesh)] = mesh.size()
+            if sizes[id(mesh)] != world_size or any(
                 not isinstance(p, Shard | Replicate) for p in value.placements
             ):
                 return False
@@ -231,13 +234,17 @@ def signature(tensors: Mapping[str, Any]) -> int:
     import hashlib
 
     digest = hashlib.blake2b(digest_size=8)
+    meshes: dict[int, str] = {}  # a mesh's shape and ranks, once per mesh (torch computes them)
     for key in sorted(tensors):
         value = tensors[key]
         parts = [key, str(getattr(value, "dtype", type(value).__name__))]
         if isinstance(value, torch.Tensor):
             parts.append(str(tuple(value.shape)))
         if isinstance(value, DTensor):
-            parts += [str(tuple(value.device_mesh.shape)), str(value.device_mesh.mesh.tolist())]
+            mesh = value.device_mesh
+            if id(mesh) not in meshes:
+                meshes[id(mesh)] = f"{tuple(mesh.shape)}{mesh.mesh.tolist()}"
+            parts.append(meshes[id(mesh)])
             parts += [
                 str(_placement_code(p))
                 for p in value.placements
@@ -295,14 +302,22 @@ def plan_save(tensors: Mapping[str, torch.Tensor], rank: int) -> tuple[SavePlan,
     Works on meta tensors and on meshes made without a process group (the benchmark)."""
     items: list[WriteItem] = []
     md: dict[str, TensorStorageMetadata] = {}
+    meshes: dict[int, tuple[tuple[int, ...], tuple[int, ...] | None]] = {}
     for key, value in tensors.items():
         if isinstance(value, DTensor):
             mesh = value.device_mesh
-            coordinate = mesh.get_coordinate()
+            seen = meshes.get(id(mesh))
+            if seen is None:  # torch computes a mesh's shape and coordinate on every call
+                where = mesh.get_coordinate()
+                seen = meshes[id(mesh)] = (
+                    tuple(mesh.shape),
+                    None if where is None else tuple(where),
+                )
+            mesh_shape, coordinate = seen
             codes = tuple(tuple(_placement_code(p)) for p in value.placements)
             if coordinate is None or not _writes(coordinate, codes):
                 continue
-            offsets, sizes = _chunk(tuple(value.shape), tuple(mesh.shape), tuple(coordinate), codes)
+            offsets, sizes = _chunk(tuple(value.shape), mesh_shape, coordinate, codes)
             if 0 in sizes and (value.numel() or any(coordinate)):
                 continue  # an empty shard (uneven sharding) holds nothing to read back
             local = value._local_tensor
@@ -380,15 +395,23 @@ def wanted_chunks(targets: Mapping[str, torch.Tensor]) -> dict[str, list[Chunk]]
     """The part of each stored tensor this rank reads: a DTensor target's local chunk (as DCP
     computes it), a plain target whole."""
     wanted: dict[str, list[Chunk]] = {}
+    meshes: dict[int, tuple[tuple[int, ...], tuple[int, ...] | None]] = {}
     for key, target in targets.items():
         if isinstance(target, DTensor):
             mesh = target.device_mesh
-            coordinate = mesh.get_coordinate()
+            seen = meshes.get(id(mesh))
+            if seen is None:
+                where = mesh.get_coordinate()
+                seen = meshes[id(mesh)] = (
+                    tuple(mesh.shape),
+                    None if where is None else tuple(where),
+                )
+            mesh_shape, coordinate = seen
             if coordinate is None:
                 wanted[key] = []
                 continue
             codes = tuple(tuple(_placement_code(p)) for p in target.placements)
-            wanted[key] = [_chunk(tuple(target.shape), tuple(mesh.shape), tuple(coordinate), codes)]
+            wanted[key] = [_chunk(tuple(target.shape), mesh_shape, coordinate, codes)]
         else:
             wanted[key] = [((0,) * target.dim(), tuple(target.shape))]
     return wanted
