@@ -92,6 +92,18 @@ def test_a_flipped_byte_is_refused_on_every_rank_naming_the_file(saved, tmp_path
     assert {name: tree_digest(tmp_path / name) for name in damaged.values()} == before
 
 
+@pytest.mark.parametrize("index", ["__1.metadata", "layout.json"])
+def test_a_flipped_byte_in_the_index_is_refused_on_every_rank_naming_it(saved, tmp_path, index):
+    """The index a sharded save writes without a gather (rank 1's metadata fragment, which
+    only rank 1 reads on 2 ranks; layout.json, which every rank reads) is checked too."""
+    shutil.copytree(saved, tmp_path, dirs_exist_ok=True)
+    flip_byte(tmp_path / "sharded.ckpt" / index)
+    results = run_distributed(_resume_each, 2, str(tmp_path), {"sharded": "sharded.ckpt"}, True)
+    for rank, result in enumerate(results):
+        message = result["sharded.ckpt"]
+        assert message.startswith("CheckpointError") and index in message, (rank, message)
+
+
 def test_verification_can_be_turned_off(saved, tmp_path):
     damaged = _damaged_copy(saved, tmp_path)
     results = run_distributed(_resume_each, 2, str(tmp_path), damaged, False)
