@@ -276,3 +276,46 @@ def test_ranks_holding_different_entries_save_through_dcps_central_planner(tmp_p
     dcp.load(stored, checkpoint_id=str(path), no_dist=True)
     assert stored["state_dict/only_on_1"].tolist() == [1.0, 1.0, 1.0]  # nothing lost
     assert torch.equal(load_sharded_checkpoint(path)["state_dict"]["w"], full["w"])
+
+
+def _save_hsdp(path):
+    """4 ranks, a (replicate 2, shard 2) mesh as HSDP holds its parameters."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
+    torch.manual_seed(0)
+    full = {"w": torch.randn(10, 6), "v": torch.randn(5)}
+    state = {
+        "state_dict": {
+            k: distribute_tensor(t, mesh, [Replicate(), Shard(0)]) for k, t in full.items()
+        },
+        "meta": {"iter": 1},
+    }
+    written = save_sharded_checkpoint(state, path)
+    return dist.get_rank(), sorted(w.path.name for w in written), full
+
+
+def _resume_fsdp(path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    loaded = read_sharded_checkpoint(
+        path, lambda p, shape, dtype: distribute_tensor(torch.zeros(shape), mesh, [Shard(0)])
+    )
+    return {k: v.full_tensor() for k, v in loaded["state_dict"].items()}
+
+
+@pytest.mark.slow
+def test_an_hsdp_save_is_written_by_one_replica_and_reshards_onto_fsdp(tmp_path):
+    path = tmp_path / "ckpt"
+    saved = run_distributed(_save_hsdp, 4, str(path), init_pg=True)
+    data = {rank: [n for n in names if n.endswith(".distcp")] for rank, names, _ in saved}
+    # the replicate group at coordinate 0 (ranks 0 and 1) writes; its replica writes nothing
+    assert data == {0: ["__0_0.distcp"], 1: ["__1_0.distcp"], 2: [], 3: []}
+    full = saved[0][2]
+    for resumed in run_distributed(_resume_fsdp, 2, str(path), init_pg=True):
+        assert all(torch.equal(resumed[k], full[k]) for k in full)
+    whole = load_sharded_checkpoint(path)["state_dict"]
+    assert all(torch.equal(whole[k], full[k]) for k in full)
