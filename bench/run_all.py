@@ -1738,7 +1738,7 @@ def write_planning(rep: Report, res: dict[str, Any]) -> None:
 
 
 def write_pipeline(rep: Report, res: dict[str, Any]) -> None:
-    rep.add("## 10. Pipeline parallelism: pp=2 against torch's raw schedule, and the bubble", "")
+    rep.add("## 11. Pipeline parallelism: pp=2 against torch's raw schedule, and the bubble", "")
     if rep.section_failed("pipeline", res):
         return
     rep.add(
@@ -1860,6 +1860,8 @@ def write_pipeline(rep: Report, res: dict[str, Any]) -> None:
         ],
         rows,
     )
+    if res.get("bubble_note"):  # the reading of the run's figures, written when merged
+        rep.add(res["bubble_note"], "")
 
 
 def write_fault_tolerance(rep: Report, res: dict[str, Any]) -> None:
@@ -2000,8 +2002,8 @@ def render(results: dict[str, Any], quick: bool, wall: float) -> str:
         ("planning", write_planning),
         ("planning_sim", write_planning_sim),
         ("cli_startup", write_cli_startup),
-        ("pipeline", write_pipeline),
         ("fault_tolerance", write_fault_tolerance),
+        ("pipeline", write_pipeline),
     ]
     for name, writer in writers:
         if name in sections:
