@@ -96,6 +96,13 @@ def _merged_weights(model) -> dict:
     return merged
 
 
+def _mesh_of(param) -> str:
+    """The mesh dimensions a parameter is a DTensor on, or 'plain'."""
+    from torch.distributed.tensor import DTensor
+
+    return str(param.device_mesh.mesh_dim_names) if isinstance(param, DTensor) else "plain"
+
+
 @in_float64
 def _train_pipelined(
     work_dir, parallelism, pipeline, layers=2, steps=STEPS, model_cls=PipeTransformer, **kwargs
@@ -119,7 +126,7 @@ def _train_pipelined(
         losses.append(log_vars["loss"].item())
         norms.append(wrapper.last_grad_norm)
     own = sorted(n for n, _ in model.named_parameters())
-    meshes = sorted({str(p.device_mesh.mesh_dim_names) for p in model.parameters()})
+    meshes = sorted({_mesh_of(p) for p in model.parameters()})
     return losses, norms, _merged_weights(model), own, strategy.pipeline.stage_ids, meshes
 
 
@@ -329,7 +336,7 @@ def test_two_stages_match_one_device(tmp_path, schedule):
     )
     _check_parity(results, _reference(str(tmp_path)))
     (_, _, _, first, ids0, meshes), (_, _, _, last, ids1, _) = results
-    assert meshes == ["('dp_shard',)"]
+    assert meshes == ["plain"]  # pp alone: nothing to shard, no fully_shard
     assert (ids0, ids1) == ((0,), (1,))
     assert "tok.weight" in first and "blocks.0.qkv.weight" in first and "head.weight" in last
     assert not set(first) & set(last)
@@ -348,6 +355,7 @@ def test_two_stages_per_rank_match_one_device(tmp_path, schedule):
     )
     _check_parity(results, _reference(str(tmp_path), layers=4))
     assert [r[4] for r in results] == [(0, 2), (1, 3)]
+    assert all(r[5] == ["plain"] for r in results)
     assert "blocks.2.qkv.weight" in results[0][3] and "pos" in results[0][3]
 
 
@@ -364,6 +372,7 @@ def test_two_stages_times_two_shards_match_one_device(tmp_path):
     _check_parity(results, _reference(str(tmp_path)))
     stages = [r[4] for r in results]
     assert stages == [(0,), (0,), (1,), (1,)]  # pp outermost: ranks 0, 1 shard stage 0
+    assert all(r[5] == ["('dp_shard',)"] for r in results)
 
 
 @pytest.mark.slow
@@ -380,6 +389,29 @@ def test_two_stages_times_tensor_parallel_two_match_one_device(tmp_path):
     )
     _check_parity(results, _reference(str(tmp_path), model_cls=PipeTPTransformer))
     assert all("('dp_shard', 'tp')" in r[5] for r in results)  # each stage split by TP
+
+
+def _stage_parameters(work_dir, model_wrapper):
+    """The kinds of this rank's stage parameters and of its optimizer's state."""
+    strategy = FSDPStrategy(
+        work_dir=work_dir,
+        parallelism=dict(pp=2),
+        pipeline=dict(n_microbatches=2),
+        model_wrapper=model_wrapper,
+    )
+    optim_wrapper = dict(optimizer=dict(type="AdamW", lr=1e-2))
+    model, wrapper = strategy.prepare(PipeTransformer(), optim_wrapper=optim_wrapper)
+    strategy.pipeline.train_step(lm_batch(0), wrapper)
+    state = [v for s in wrapper.optimizer.state.values() for v in s.values() if v.dim()]
+    return sorted({_mesh_of(p) for p in model.parameters()}), sorted({_mesh_of(v) for v in state})
+
+
+def test_a_pp_only_stage_is_plain_unless_fsdp_settings_are_asked_for(tmp_path):
+    plain = run_distributed(_stage_parameters, 2, str(tmp_path), None)
+    assert plain == [(["plain"], ["plain"])] * 2  # plain parameters, a plain optimizer
+    mixed = dict(mixed_precision=dict(param_dtype="bf16", reduce_dtype="fp32"))
+    sharded = run_distributed(_stage_parameters, 2, str(tmp_path), mixed)
+    assert sharded == [(["('dp_shard',)"], ["('dp_shard',)"])] * 2  # kept for the policy
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -461,7 +493,9 @@ def _mean_over_ranks(per_rank):
     return [sum(losses[i] for losses in per_rank) / len(per_rank) for i in range(MORE)]
 
 
-def test_a_two_stage_checkpoint_resumes_on_one_device_and_under_another_schedule(tmp_path):
+def test_a_two_stage_checkpoint_resumes_on_one_device_under_another_schedule_and_sharded(
+    tmp_path,
+):
     work_dir = str(tmp_path)
     continued = run_distributed(
         _pipelined_save_continue,
@@ -483,6 +517,9 @@ def test_a_two_stage_checkpoint_resumes_on_one_device_and_under_another_schedule
         timeout=240,
     )
     assert again[0] == pytest.approx(continued[0], rel=TOLERANCE, abs=0)
+    # the plain stages' tensors, read into the shards of a run without stages
+    sharded = run_distributed(_resume_pipelined, 2, work_dir, dict(dp_shard=2), None, timeout=240)
+    assert _mean_over_ranks(sharded) == pytest.approx(continued[0], rel=TOLERANCE, abs=0)
 
 
 # ----------------------------------------------------------------------------- the Runner

@@ -364,7 +364,9 @@ class FSDPStrategy(BaseStrategy):
         3. activation checkpointing, so that ``fully_shard`` sees the wrappers;
         4. ``torch.compile`` (``compile``; see :meth:`compile_model`);
         5. ``fully_shard`` the selected submodules, then the root, over the data-parallel
-           dimensions (a meta model stays meta: nothing is allocated);
+           dimensions (a meta model stays meta: nothing is allocated); a pipeline stage with
+           pp alone (data-parallel degree 1, no tensor parallelism) stays a plain module
+           (:meth:`_shards_stages`);
         6. materialise a meta model on this rank's device, each rank only its shards, and
            initialise it shard-locally (``init_weights()`` or ``reset_parameters()``); a
            checkpoint loaded afterwards overwrites these weights.
@@ -417,21 +419,55 @@ class FSDPStrategy(BaseStrategy):
         assert self.mesh is not None
         pp_rank = self.mesh.get_local_rank("pp")
         part, views = split_model(model, plan, plan.stage_ids(pp_rank))
+        shard = self._shards_stages(tp)
         stages = []
         for view in views:
             names = {name for name, _ in view.named_modules()}
             own = {name: style for name, style in styles.items() if name in names}
-            stages.append(self._parallelize(view, compile, tp, own, on_meta=False))
+            stages.append(self._parallelize(view, compile, tp, own, on_meta=False, shard=shard))
         adopt_stage_parameters(part, views)
         loss_fn = plan.config.loss_fn or views[-1].pipeline_loss
         group = self.mesh.get_group("pp")
         self.pipeline = Pipeline(stages, plan, pp_rank, group, self.device, loss_fn)
         return stages[0] if len(stages) == 1 else part
 
+    def _shards_stages(self, tp: Any) -> bool:
+        """Whether pipeline stages go through ``fully_shard``. Not with pp alone (no tensor
+        parallelism, a data-parallel degree of 1): there is nothing to shard, and FSDP's hooks,
+        DTensor parameters and DTensor optimizer steps would only cost time, so each stage stays
+        a plain module (torchtitan applies no FSDP at a data-parallel degree of 1). A custom
+        sharder, or ``model_wrapper``'s mixed precision, CPU offload or buffer dtype (what only
+        ``fully_shard`` carries out), keep it over the mesh of size 1."""
+        assert self.mesh is not None
+        if tp is not None or data_parallel_mesh(self.mesh, self.degrees).size() > 1:
+            return True
+        kept = _fsdp_only_settings(self._fsdp_config)
+        if self._sharder_cfg is not None:
+            kept.append(f"the custom sharder {self._sharder_cfg.get('type')!r}")
+        if kept:
+            self.logger.info(
+                "pipeline stages with a data-parallel degree of 1 are still fully_shard-ed over "
+                "their mesh of size 1, for model_wrapper's %s",
+                ", ".join(kept),
+            )
+            return True
+        self.logger.info(
+            "pipeline stages with a data-parallel degree of 1 stay plain modules (no fully_shard:"
+            " nothing to shard)"
+        )
+        return False
+
     def _parallelize(
-        self, model: nn.Module, compile: Any, tp: Any, styles: Mapping, on_meta: bool
+        self,
+        model: nn.Module,
+        compile: Any,
+        tp: Any,
+        styles: Mapping,
+        on_meta: bool,
+        shard: bool = True,
     ) -> nn.Module:
-        """TP → AC → compile → ``fully_shard`` → materialise, of a model or a stage."""
+        """TP → AC → compile → ``fully_shard`` (unless not ``shard``) → materialise, of a
+        model or a stage."""
         assert self.mesh is not None
         if tp is not None:
             model = apply_tensor_parallel(model, self.mesh, tp, styles)
@@ -444,6 +480,8 @@ class FSDPStrategy(BaseStrategy):
         dp_mesh = data_parallel_mesh(self.mesh, self.degrees)
         if isinstance(model, FSDPModule):
             self.logger.info("parallelize_fn applied fully_shard itself: not sharding again")
+        elif not shard:
+            pass  # a plain pipeline stage (see _shards_stages)
         elif self._sharder_cfg is None:
             model = _shard_model(model, dp_mesh, self._fsdp_config)
         else:
@@ -535,9 +573,10 @@ class FSDPStrategy(BaseStrategy):
         return state
 
     def _load_options(self, state: Any) -> StateDictOptions:
-        """DTensors load shard to shard; full tensors are taken from rank 0 (the others may
-        hold placeholders)."""
-        if contains(DTensor, state):
+        """DTensors load shard to shard, and so do the plain tensors of plain pipeline stages
+        (each rank read its own stage's); other full tensors are taken from rank 0 (the others
+        may hold placeholders)."""
+        if contains(DTensor, state) or self.pipeline is not None:
             return StateDictOptions(full_state_dict=False)
         return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
@@ -623,6 +662,18 @@ class _Placement:
             stride=param.stride(),
             run_check=False,
         )
+
+
+def _fsdp_only_settings(config: FSDPConfig) -> list[str]:
+    """The ``model_wrapper`` settings given that only ``fully_shard`` carries out."""
+    settings = []
+    if config.mp_policy != MixedPrecisionPolicy():
+        settings.append("mixed_precision")
+    if isinstance(config.offload_policy, CPUOffloadPolicy):
+        settings.append("cpu_offload")
+    if config.buffer_dtype is not None:
+        settings.append("buffer_dtype")
+    return settings
 
 
 def _check_own_flags(skip_init_weights: Any, micro_batch: Any) -> None:

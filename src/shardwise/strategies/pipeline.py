@@ -2,7 +2,10 @@
 
 ``FSDPStrategy(parallelism=dict(pp=2, ...), pipeline=dict(...))`` splits the model into
 ``pp × stages_per_rank`` stages along the mesh's outermost dimension ``pp``; each stage is then
-parallelised as a whole model is (TP → AC → compile → ``fully_shard`` on the stage's sub-mesh).
+parallelised as a whole model is (TP → AC → compile → ``fully_shard`` on the stage's sub-mesh),
+except that with pp alone (a data-parallel degree of 1, no tensor parallelism) a stage stays a
+plain module: plain parameters and optimizer, no FSDP hooks (``model_wrapper``'s mixed precision,
+CPU offload or buffer dtype keep ``fully_shard`` over the mesh of size 1).
 The machinery is torchtitan's: a stage is a deep copy of the model with the modules of other
 stages deleted, so its parameters keep the unsplit model's names (a checkpoint written by the
 stages is the unsplit model's), and torch's ``torch.distributed.pipelining`` runs the schedule.
@@ -441,7 +444,7 @@ def _view(
 
 def adopt_stage_parameters(part: nn.Module, stages: Sequence[nn.Module]) -> None:
     """After the stage views are parallelised: the part takes their own parameters (the root's
-    and its ancestors', which ``fully_shard`` replaced in the views only), so that its
+    and its ancestors', which ``fully_shard`` may have replaced in the views only), so that its
     parameters are the ones the stages train."""
     if len(stages) == 1 and stages[0] is part:
         return
