@@ -287,6 +287,9 @@ class FaultTolerance:
         self.heal_steps: list[int] = []
         self.failed_commits = 0
         self._last_quorum_id: Any = None
+        self._early = False  # whether the optimizer step starts the next quorum
+        self._next_quorum = False  # whether a quorum started that start_step has not awaited
+        self._rank_in_quorum, self._replicas_in_quorum = 0, 1
 
     # ------------------------------------------------------------------ wiring
     def comm_hook(self, state: Any, bucket: Any) -> torch.futures.Future:
@@ -327,28 +330,76 @@ class FaultTolerance:
         wrapper.register_comm_hook(self.manager, hook)
         return wrapper
 
-    def attach(self, checkpointer: Any, wrappers: Mapping[str, Any], params: Any = None) -> None:
+    def attach(
+        self,
+        checkpointer: Any,
+        wrappers: Mapping[str, Any],
+        params: Any = None,
+        model: nn.Module | None = None,
+    ) -> None:
         """Heal through ``checkpointer``'s registered state objects (each rank its own part:
         :meth:`~shardwise.checkpoint.checkpointer.Checkpointer.local_state_dict`) and let each
         optimizer wrapper step only when the quorum commits. ``params()``: the parameters
         whose gradients (shards) are averaged across the live replica groups before each
-        step (FT-HSDP; None: the DDP hook already did)."""
+        step (FT-HSDP; None: the DDP hook already did). With the FSDP2 ``model``, the
+        parameters of its ``fully_shard``-ed modules are averaged in FSDP's all-reduce hook
+        instead (:meth:`reduce_hook`: the reduce-scatter's flat output, as soon as each
+        module's gradients are reduced inside the group, no copy); ``params()`` keeps the
+        others (none in general)."""
         self._checkpointer = checkpointer
         self._params = params
+        if model is not None and params is not None and self.fsdp_hook:
+            hooked = self._install_reduce_hooks(model)
+            if hooked:
+                rest = [p for p in params() if id(p) not in hooked]
+                self._params = (lambda: rest) if rest else None
         self.manager.register_state_dict_fn("shardwise", self.load_state_dict, self.state_dict)
-        for wrapper in wrappers.values():
-            if getattr(wrapper, "_ft_gated", False):
-                continue
+        gated = [w for w in wrappers.values() if not getattr(w, "_ft_gated", False)]
+        # the next step's quorum starts as soon as this one commits (see start_step); with
+        # several optimizer wrappers each votes, so the quorum waits for start_step
+        self._early = self.early_quorum and len(wrappers) == 1
+        for wrapper in gated:
             original = wrapper.step
 
             def step(_original: Any = original, **kwargs: Any) -> None:
                 if self._params is not None:
                     self.allreduce_gradients(self._params())
-                if self.should_commit():
+                committed = self.should_commit()
+                if self._early:
+                    self._start_next_quorum()
+                if committed:
                     _original(**kwargs)
 
             wrapper.step = step
             wrapper._ft_gated = True
+
+    #: Average FSDP2's gradient shards in its all-reduce hook (else after backward, flat).
+    fsdp_hook = True
+    #: Start the next step's quorum when a step's commit vote ends (else in start_step).
+    early_quorum = True
+
+    def _install_reduce_hooks(self, model: nn.Module) -> set[int]:
+        """Set :meth:`reduce_hook` on every ``fully_shard``-ed module of ``model``; the ids
+        of the parameters it covers (their gradient shards pass through it)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        hooked: set[int] = set()
+        for module in model.modules():
+            if not isinstance(module, FSDPModule):
+                continue
+            groups = module._get_fsdp_state()._fsdp_param_groups
+            if len(groups) != 1:  # per-parameter meshes: torch refuses the hook
+                continue
+            module.set_all_reduce_hook(self.reduce_hook)
+            hooked.update(id(fsdp_param.sharded_param) for fsdp_param in groups[0].fsdp_params)
+        return hooked
+
+    def reduce_hook(self, reduce_output: torch.Tensor) -> None:
+        """FSDP2's all-reduce hook: a module's gradient shards, reduced inside the replica
+        group (one flat buffer, viewed by the sharded gradients afterwards), averaged in place
+        with the same rank of every live replica group. A peer lost during the reduction
+        leaves the manager errored (the step does not commit)."""
+        self.manager.allreduce(reduce_output).wait()
 
     def allreduce_gradients(self, params: Any) -> None:
         """Average this rank's gradients (its DTensor shards) with the same rank of every
@@ -400,10 +451,23 @@ class FaultTolerance:
     # ------------------------------------------------------------------ the step
     def start_step(self) -> int:
         """Join this step's quorum (healing from a peer if this replica is behind) and return
-        the step to run: the number of steps the quorum has committed."""
+        the step to run: the number of steps the quorum has committed.
+
+        The quorum of step ``n + 1`` is requested as soon as step ``n``'s commit vote ends
+        (during the optimizer step and what the loop does up to here), and awaited here;
+        until then a healing peer's copy of this replica's state waits (torchft's state-dict
+        lock), so that it is the state at this call, as with a quorum started here."""
         manager = self.manager
         try:
-            manager.start_quorum()
+            if self._next_quorum:
+                self._next_quorum = False
+                manager.allow_state_dict_read()  # a peer's copy may be taken from here on
+                manager.wait_quorum()
+                if manager._healing:  # what torchft's synchronous start_quorum does
+                    manager._apply_pending_state_dict()
+                    manager._healing = False
+            else:
+                manager.start_quorum()
         except Exception as e:
             raise RuntimeError(
                 f"replica group {self.replica_group}: no quorum within quorum_timeout="
@@ -412,6 +476,9 @@ class FaultTolerance:
                 "and the lighthouse running?"
             ) from e
         self._check_quorum()
+        rank = manager.participating_rank()
+        self._rank_in_quorum = 0 if rank is None else rank
+        self._replicas_in_quorum = max(1, manager.num_participants())
         if manager.errored() is not None and self._recorder.last is not None:
             self.logger.warning(
                 "replica group %d: step %d will not commit: %s",
@@ -420,6 +487,27 @@ class FaultTolerance:
                 _first_line(manager.errored()),
             )
         return manager.current_step()
+
+    def _start_next_quorum(self) -> None:
+        """Request the next step's quorum now, in torchft's quorum thread (what
+        ``Manager.start_quorum`` does, without waiting for it); a peer that heals from this
+        replica gets its state only once :meth:`start_step` is reached."""
+        manager = self.manager
+        manager.disallow_state_dict_read()
+        if manager._quorum_future is not None:
+            manager._quorum_future.result()
+        manager._errored = None
+        manager._healing = False
+        manager._quorum_future = manager._executor.submit(
+            manager._async_quorum,
+            allow_heal=True,
+            shrink_only=False,
+            quorum_timeout=manager._quorum_timeout,
+            curr_device=(
+                torch.accelerator.current_device_index() if torch.accelerator.is_available() else -1
+            ),
+        )
+        self._next_quorum = True
 
     def _check_quorum(self) -> None:
         quorum = self._recorder.last
@@ -477,14 +565,14 @@ class FaultTolerance:
 
     @property
     def replica_rank(self) -> int:
-        """This replica group's rank among the groups of the current quorum."""
-        rank = self.manager.participating_rank()
-        return 0 if rank is None else rank
+        """This replica group's rank among the groups of the current step's quorum (the one
+        :meth:`start_step` joined)."""
+        return self._rank_in_quorum
 
     @property
     def num_replicas(self) -> int:
-        """How many replica groups take part in the current quorum."""
-        return max(1, self.manager.num_participants())
+        """How many replica groups take part in the current step's quorum."""
+        return self._replicas_in_quorum
 
     def current_step(self) -> int:
         """The number of steps committed."""
@@ -500,6 +588,7 @@ class FaultTolerance:
 
     def shutdown(self) -> None:
         """Stop the manager's servers (the lighthouse goes on)."""
+        self.manager.allow_state_dict_read()
         self.manager.shutdown(wait=False)
 
 

@@ -742,7 +742,10 @@ def _attach_ft(strategy: FSDPStrategy) -> None:
         strategy.fault_tolerance = FaultTolerance(cfg, logger=strategy.logger, multi_rank=True)
     if strategy.fault_tolerance is not None:
         strategy.fault_tolerance.attach(
-            strategy.checkpointer, strategy._wrappers(), params=strategy.model.parameters
+            strategy.checkpointer,
+            strategy._wrappers(),
+            params=strategy.model.parameters,
+            model=strategy.model,
         )
 
 
