@@ -45,6 +45,8 @@ _TRAIN_EXAMPLES = """
     shardwise train cfg.py --resume                               # the latest checkpoint
     shardwise train cfg.py --cfg-options train_cfg.max_iters=100 optim_wrapper.optimizer.lr=0.1
     shardwise plot work_dirs/cfg                                  # curves into a PNG
+    shardwise ft lighthouse --min-replicas 1 &                    # fault tolerance (torchft):
+    shardwise train cfg.py --replica-group 0 --num-replica-groups 2   # one replica group
 """
 
 
@@ -147,7 +149,67 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
         metavar="SIG[,SIG...]",
         help="the signals that mean preemption, e.g. SIGTERM,SIGUSR1: preemption.signals",
     )
+    ft = parser.add_argument_group(
+        "fault tolerance (torchft)",
+        "this launch is one replica group of the config's strategy fault_tolerance; the "
+        "environment's REPLICA_GROUP_ID and NUM_REPLICA_GROUPS (torchft's) are used when the "
+        "flags are absent",
+    )
+    ft.add_argument(
+        "--replica-group",
+        type=int,
+        metavar="N",
+        help="this replica group's id, 0..num_replica_groups-1: fault_tolerance.replica_group",
+    )
+    ft.add_argument(
+        "--num-replica-groups",
+        type=int,
+        metavar="N",
+        help="how many replica groups the run has: fault_tolerance.num_replica_groups",
+    )
     parser.set_defaults(func=_later("shardwise.runner.commands", "train"))
+
+
+def _add_ft_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``shardwise ft lighthouse``."""
+    parser = sub.add_parser("ft", help="fault tolerance (torchft): the lighthouse")
+    ft_sub = parser.add_subparsers(dest="ft_command", required=True, metavar="COMMAND")
+    lighthouse = ft_sub.add_parser(
+        "lighthouse",
+        help="run torchft's lighthouse in the foreground",
+        description="Run torchft's lighthouse, which forms the quorum of the live replica "
+        "groups, until interrupted (Ctrl-C, SIGTERM). Give each replica group its address "
+        "(fault_tolerance.lighthouse or TORCHFT_LIGHTHOUSE). Needs torchft: pip install "
+        "'shardwise[ft]'.",
+        epilog="example:\n  shardwise ft lighthouse --bind 0.0.0.0:29510 --min-replicas 1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    lighthouse.add_argument(
+        "--bind", default="[::]:29510", help="HOST:PORT to listen on (default [::]:29510)"
+    )
+    lighthouse.add_argument(
+        "--min-replicas",
+        type=int,
+        default=1,
+        help="replica groups a quorum needs (default 1; the config's min_replicas)",
+    )
+    lighthouse.add_argument(
+        "--join-timeout-ms",
+        type=int,
+        default=60000,
+        help="how long a quorum waits for groups that heartbeat but have not joined "
+        "(default 60000)",
+    )
+    lighthouse.add_argument(
+        "--quorum-tick-ms", type=int, default=100, help="quorum check period (default 100)"
+    )
+    lighthouse.add_argument(
+        "--heartbeat-timeout-ms",
+        type=int,
+        default=5000,
+        help="a group silent this long is dead (default 5000)",
+    )
+    lighthouse.set_defaults(func=_later("shardwise.runner.commands", "ft_lighthouse"))
 
 
 def _add_plot_parser(sub: argparse._SubParsersAction) -> None:
@@ -211,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     env.set_defaults(func=_cmd_env)
     _add_train_parser(sub)
     _add_plot_parser(sub)
+    _add_ft_parser(sub)
     add_ckpt_parser(sub)
     return parser
 

@@ -17,6 +17,7 @@ from shardwise.strategies import BaseStrategy
 from shardwise.visualization import Visualizer
 
 from .evaluator import build_evaluator
+from .ft_loop import FaultTolerantTrainLoop, ft_config_of
 from .hooks.defaults import with_preemption
 from .log_processor import LogProcessor
 from .loops import EpochBasedTrainLoop, IterBasedTrainLoop
@@ -160,6 +161,14 @@ def build_train_loop(
     by_epoch = cfg.pop("by_epoch", "max_epochs" in cfg)
     cfg.pop("dynamic_intervals", None)
     args = dict(runner=runner, dataloader=dataloader)
+    if ft_config_of(runner.strategy) is not None:  # each step started by torchft's quorum
+        if loop_type is not None:
+            raise ValueError(
+                f"train_cfg type={loop_type!r} with the strategy's fault_tolerance: a "
+                "fault-tolerant run trains with its own loop (each step started by the "
+                "quorum); drop train_cfg's type and give by_epoch with max_epochs or max_iters"
+            )
+        return FaultTolerantTrainLoop(**args, by_epoch=by_epoch, **cfg)
     if loop_type is not None:
         return LOOPS.build({"type": loop_type, **cfg}, default_args=args)
     cls = EpochBasedTrainLoop if by_epoch else IterBasedTrainLoop

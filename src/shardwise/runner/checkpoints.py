@@ -108,8 +108,12 @@ class RunnerCheckpoints:
         ``async_save``, ``max_keep_ckpts`` and ``series`` go to the strategy's
         ``save_checkpoint`` (None: its defaults).
         Returns what the strategy returns: a future for a save written in the background,
-        else None.
+        else None. Under fault tolerance one replica group writes (rank 0 of the current
+        quorum: the replicas hold the same state); the others save nothing.
         """
+        ft = getattr(self.strategy, "fault_tolerance", None)
+        if ft is not None and not ft.writes_checkpoints:
+            return None
         if by_epoch:
             position = dict(epoch=self.epoch + 1, iter=self.iter)
         else:

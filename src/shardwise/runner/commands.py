@@ -111,6 +111,7 @@ def _read_train_config(args: argparse.Namespace) -> Any:
         cfg.load_from = args.load_from
     if args.launcher is not None:
         cfg.launcher = args.launcher
+    _apply_replica_group(cfg, args)
     preemption = {}
     if getattr(args, "requeue", False):
         preemption["requeue"] = True
@@ -125,6 +126,122 @@ def _read_train_config(args: argparse.Namespace) -> Any:
             )
         cfg.preemption = {**dict(current or {}), **preemption}
     return cfg
+
+
+#: The flags of ``shardwise train`` that set ``fault_tolerance``'s keys, and torchft's
+#: environment variables used when they are absent.
+_FT_FLAGS = (
+    ("replica_group", "--replica-group", "REPLICA_GROUP_ID"),
+    ("num_replica_groups", "--num-replica-groups", "NUM_REPLICA_GROUPS"),
+)
+
+
+def _apply_replica_group(cfg: Any, args: argparse.Namespace) -> None:
+    """``--replica-group``/``--num-replica-groups`` (else ``REPLICA_GROUP_ID``/
+    ``NUM_REPLICA_GROUPS``) into the strategy's ``fault_tolerance``."""
+    given, flags = {}, []
+    for key, flag, var in _FT_FLAGS:
+        value = getattr(args, key, None)
+        if value is not None:
+            flags.append(flag)
+        elif os.environ.get(var, "").strip():
+            try:
+                value = int(os.environ[var])
+            except ValueError:
+                raise ValueError(
+                    f"{var}={os.environ[var]!r} is not an int; set it to this replica group's "
+                    f"{key} or unset it"
+                ) from None
+        if value is not None:
+            given[f"strategy.fault_tolerance.{key}"] = value
+    strategy = cfg.get("strategy")
+    has_ft = hasattr(strategy, "get") and strategy.get("fault_tolerance") is not None
+    if flags and not has_ft:
+        raise ValueError(
+            f"{' and '.join(flags)} set fault_tolerance keys, but the config's strategy has no "
+            "fault_tolerance; add strategy=dict(type='DDPStrategy', fault_tolerance=dict("
+            "num_replica_groups=2, min_replicas=1, lighthouse='http://host:29510'))"
+        )
+    if given and has_ft:
+        cfg.merge_from_dict(given)
+
+
+def _own_replica_group_env(cfg: Any) -> bool:
+    """A fault-tolerant replica group of one process started without a launcher: give it
+    the environment torchrun would (rank 0 of 1, its TCPStore at ``MASTER_ADDR``, default
+    this host, on a free ``MASTER_PORT``); whether it did."""
+    import socket
+
+    strategy = cfg.get("strategy")
+    if not (hasattr(strategy, "get") and strategy.get("fault_tolerance") is not None):
+        return False
+    addr = os.environ.get("MASTER_ADDR")
+    if not addr:
+        addr = socket.gethostname()
+        try:
+            socket.gethostbyname(addr)
+        except OSError:
+            addr = "127.0.0.1"
+    port = os.environ.get("MASTER_PORT")
+    if not port:
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = str(sock.getsockname()[1])
+    os.environ.update(
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR=addr,
+        MASTER_PORT=port,
+    )
+    return True
+
+
+def ft_lighthouse(args: argparse.Namespace) -> int:
+    """``shardwise ft lighthouse``: torchft's lighthouse in the foreground until SIGINT or
+    SIGTERM."""
+    import signal
+    import threading
+
+    try:
+        from shardwise.strategies.fault_tolerance import import_torchft
+
+        import_torchft()
+        from torchft.coordination import LighthouseServer
+    except ImportError as exc:
+        print(f"shardwise ft lighthouse: error: {exc}", file=sys.stderr)
+        return 2
+    if args.min_replicas < 1:
+        print(
+            f"shardwise ft lighthouse: error: --min-replicas {args.min_replicas} must be >= 1",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        server = LighthouseServer(
+            bind=args.bind,
+            min_replicas=args.min_replicas,
+            join_timeout_ms=args.join_timeout_ms,
+            quorum_tick_ms=args.quorum_tick_ms,
+            heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+        )
+    except Exception as exc:
+        print(f"shardwise ft lighthouse: error: cannot bind {args.bind}: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(
+        f"shardwise ft lighthouse: listening on {server.address()} (min_replicas="
+        f"{args.min_replicas}); give the replica groups fault_tolerance.lighthouse="
+        f"'{server.address()}' (or TORCHFT_LIGHTHOUSE)",
+        flush=True,
+    )
+    while not stop.wait(0.5):
+        pass
+    server.shutdown()
+    return 0
 
 
 def _worker_argv(args: argparse.Namespace, work_dir: str, max_restarts: int = 0) -> list[str]:
@@ -144,6 +261,9 @@ def _worker_argv(args: argparse.Namespace, work_dir: str, max_restarts: int = 0)
         argv.append("--requeue")
     if getattr(args, "preempt_signals", None):
         argv += ["--preempt-signals", args.preempt_signals]
+    for key, flag, _ in _FT_FLAGS:
+        if getattr(args, key, None) is not None:
+            argv += [flag, str(getattr(args, key))]
     return argv
 
 
@@ -203,6 +323,8 @@ def train(args: argparse.Namespace) -> int:
         return launch(plan.torchrun, worker_argv, signals=signals)
 
     cfg.launcher = plan.launcher
+    if plan.launcher == "none" and _own_replica_group_env(cfg):
+        cfg.launcher = "pytorch"
     notes = []
     if args.auto_resume:
         notes.append(_apply_auto_resume(cfg))

@@ -578,6 +578,17 @@ class FaultTolerance:
         """The number of steps committed."""
         return self.manager.current_step()
 
+    def restore_step(self, step: int) -> None:
+        """Start counting at ``step`` committed steps (a resume from a checkpoint, before the
+        first quorum): the quorum heals the groups behind the furthest one."""
+        self.manager.load_state_dict(dict(step=int(step), batches_committed=0))
+
+    @property
+    def writes_checkpoints(self) -> bool:
+        """Whether this replica group writes the run's checkpoints: the one of rank 0 in the
+        current quorum (always live; every live replica holds the same state)."""
+        return self.replica_rank == 0
+
     def shard(self, length: int) -> list[int]:
         """The indices of a step's global batch of ``length`` items that this rank reads:
         a disjoint part for each rank of each replica group in the current quorum

@@ -1,0 +1,257 @@
+"""The Runner under fault tolerance, end to end through the command line: a lighthouse
+started with ``shardwise ft lighthouse``, each replica group with ``shardwise train CONFIG
+--replica-group g`` (one process, DDP, CPU gloo; no torchrun: the command gives the group its
+own store), the data and model of tests/torchft_parts.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("torchft")
+
+from tests.test_torchft import _assert_same_state, _records, _wait  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+N, BATCH = 96, 4  # samples; batch per replica group (a step reads BATCH * groups samples)
+_LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+_LAUNCH_VARS += ("MASTER_PORT", "TORCHFT_LIGHTHOUSE", "REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS")
+
+
+def _config(tmp: Path, name: str, iters: int, ft: dict | None, sleep=0.0, hold=None) -> Path:
+    strategy = dict(type="DDPStrategy")
+    if ft is not None:
+        strategy["fault_tolerance"] = dict(timeout=10, quorum_timeout=60, connect_timeout=5, **ft)
+    text = f"""
+custom_imports = dict(imports=["tests.torchft_parts"])
+model = dict(type="FTTinyNet")
+train_dataloader = dict(dataset=dict(type="FTTinyRegression", n={N}), batch_size={BATCH},
+                        sampler=dict(type="DefaultSampler", shuffle=True))
+optim_wrapper = dict(optimizer=dict(type="AdamW", lr=0.01))
+param_scheduler = dict(type="StepLR", step_size=5, gamma=0.5, by_epoch=False)
+train_cfg = dict(by_epoch=False, max_iters={iters})
+randomness = dict(seed=0)
+default_hooks = dict(checkpoint=dict(type="CheckpointHook", interval=10, by_epoch=False),
+                     logger=dict(type="LoggerHook", interval=5))
+custom_hooks = [dict(type="FTRecordHook", out={str(tmp)!r}, name={name!r}, sleep={sleep},
+                     hold={hold!r})]
+strategy = {strategy!r}
+"""
+    path = tmp / f"{name}_cfg.py"
+    path.write_text(text)
+    return path
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'src'}")
+    return env
+
+
+def _shardwise(args: list[str], log: Path) -> subprocess.Popen:
+    """``shardwise ARGS`` in a fresh process, its output in ``log`` (``.err``)."""
+    out = open(log.with_suffix(".err"), "a")
+    cmd = [sys.executable, "-m", "shardwise.cli", *args]
+    return subprocess.Popen(cmd, env=_env(), stdout=out, stderr=out, cwd=ROOT)
+
+
+def _lighthouse(tmp: Path, min_replicas: int) -> tuple[subprocess.Popen, str]:
+    """``shardwise ft lighthouse`` on a free port of 127.0.0.1; the process and address."""
+    log = tmp / "lighthouse.jsonl"
+    args = ["ft", "lighthouse", "--bind", "127.0.0.1:0", "--min-replicas", str(min_replicas)]
+    proc = _shardwise([*args, "--join-timeout-ms", "1000", "--heartbeat-timeout-ms", "2000"], log)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        match = re.search(r"listening on http://[^:\s]+:(\d+)", log.with_suffix(".err").read_text())
+        if match:
+            return proc, f"http://127.0.0.1:{match[1]}"
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail("the lighthouse did not start:\n" + log.with_suffix(".err").read_text())
+
+
+def _stop(lighthouse: subprocess.Popen) -> None:
+    lighthouse.send_signal(signal.SIGTERM)
+    assert lighthouse.wait(timeout=30) == 0  # stops cleanly on SIGTERM
+
+
+def _train_group(cfg: Path, tmp: Path, g: int, groups: int) -> subprocess.Popen:
+    args = ["train", str(cfg), "--replica-group", str(g), "--num-replica-groups", str(groups)]
+    return _shardwise([*args, "--work-dir", str(tmp / f"wd{g}")], tmp / f"g{g}.jsonl")
+
+
+def _steps(path: Path) -> list[dict]:
+    return [r for r in _records(path) if "iter" in r and "loss" in r]
+
+
+@pytest.mark.slow
+def test_runner_without_failures_equals_a_plain_ddp_run(tmp_path) -> None:
+    """Two replica groups under the Runner read, step for step, the samples a plain DDP run of
+    two ranks reads, and give its losses; their weights end bit-identical."""
+    iters, groups = 16, 2
+    hold = tmp_path / "hold"
+    hold.touch()  # both groups start their first quorum together
+    lighthouse, address = _lighthouse(tmp_path, min_replicas=1)
+    try:
+        ft = dict(num_replica_groups=groups, min_replicas=1, lighthouse=address)
+        procs = [
+            _train_group(_config(tmp_path, f"g{g}", iters, ft, hold=str(hold)), tmp_path, g, 2)
+            for g in range(groups)
+        ]
+        logs = [tmp_path / f"g{g}.jsonl" for g in range(groups)]
+        deadline = time.time() + 240
+        while not all(any(r.get("ready") for r in _records(log)) for log in logs):
+            assert time.time() < deadline and all(p.poll() is None for p in procs), [
+                log.with_suffix(".err").read_text()[-3000:] for log in logs
+            ]
+            time.sleep(0.1)
+        hold.unlink()
+        _wait(procs, time.time() + 300, "the FT run", [str(log) for log in logs])
+        assert [p.returncode for p in procs] == [0] * groups
+        _stop(lighthouse)
+    finally:
+        lighthouse.kill()
+    plain_log = tmp_path / "plain.jsonl"
+    plain = _shardwise(
+        ["train", str(_config(tmp_path, "plain", iters, None)), "--nproc-per-node", "2"]
+        + ["--work-dir", str(tmp_path / "wdp")],
+        plain_log,
+    )
+    _wait([plain], time.time() + 300, "the plain run", [str(plain_log)])
+    assert plain.returncode == 0
+
+    ft_steps = {(r["iter"], r["part"]): r for log in logs for r in _steps(log)}
+    plain_steps = {(r["iter"], r["part"]): r for r in _steps(plain_log)}
+    assert len(plain_steps) == iters * 2 and sorted(ft_steps) == sorted(plain_steps)
+    for key, rec in plain_steps.items():
+        assert ft_steps[key]["parts"] == 2
+        assert ft_steps[key]["idx"] == rec["idx"], key  # the same samples, rank for rank
+        assert ft_steps[key]["lr"] == rec["lr"]
+    for i in range(iters):  # the plain run logs the mean over its ranks
+        mean = (ft_steps[(i, 0)]["loss"] + ft_steps[(i, 1)]["loss"]) / 2
+        assert abs(mean - plain_steps[(i, 0)]["loss"]) <= 1e-6, (i, mean, plain_steps[(i, 0)])
+    states = [torch.load(tmp_path / f"g{g}.pt", weights_only=True) for g in range(groups)]
+    _assert_same_state(states[0], states[1])
+    reference = torch.load(tmp_path / "plain.pt", weights_only=True)
+    for key, value in reference["model"].items():
+        torch.testing.assert_close(states[0]["model"][key], value)
+    # one replica group writes the periodic checkpoints: rank 0 of the quorum
+    assert sorted(p.name for p in (tmp_path / "wd0").glob("iter_*.pth")) == [
+        "iter_10.pth",
+        "iter_16.pth",
+    ]
+    assert not list((tmp_path / "wd1").glob("iter_*.pth"))
+
+
+@pytest.mark.slow
+def test_runner_kill_one_replica_group_survivor_goes_on_and_the_restart_heals(tmp_path) -> None:
+    """kill -9 one of two replica groups mid-run: the other finishes every iteration in the
+    same process without reading a checkpoint, reading the whole of each step's data itself;
+    the killed group, restarted, heals from it and both end with bit-identical weights."""
+    iters, groups, victim = 40, 2, 1
+    hold = tmp_path / "hold"
+    hold.touch()
+    lighthouse, address = _lighthouse(tmp_path, min_replicas=1)
+    try:
+        ft = dict(num_replica_groups=groups, min_replicas=1, lighthouse=address)
+        cfgs = [
+            _config(tmp_path, f"g{g}", iters, ft, sleep=0.1, hold=str(hold)) for g in range(groups)
+        ]
+        procs = [_train_group(cfgs[g], tmp_path, g, groups) for g in range(groups)]
+        logs = [tmp_path / f"g{g}.jsonl" for g in range(groups)]
+
+        def ready(g: int) -> bool:
+            return any(r.get("ready") and r["pid"] == procs[g].pid for r in _records(logs[g]))
+
+        def alive() -> str:
+            return "\n".join(log.with_suffix(".err").read_text()[-3000:] for log in logs)
+
+        deadline = time.time() + 400
+        while not all(ready(g) for g in range(groups)):
+            assert time.time() < deadline and all(p.poll() is None for p in procs), alive()
+            time.sleep(0.1)
+        hold.unlink()
+        while len(_steps(logs[victim])) < 8:
+            assert time.time() < deadline and all(p.poll() is None for p in procs), alive()
+            time.sleep(0.1)
+        os.kill(procs[victim].pid, signal.SIGKILL)
+        procs[victim].wait()
+        killed_at = max(r["iter"] for r in _steps(logs[victim]))
+
+        # the survivor goes on alone, the same process, reading the whole step
+        while not any(r["parts"] == 1 and r["iter"] >= killed_at + 3 for r in _steps(logs[0])):
+            assert time.time() < deadline and procs[0].poll() is None, alive()
+            time.sleep(0.1)
+        hold.touch()  # the survivor waits while the killed group restarts (a slow start)
+        procs[victim] = _train_group(cfgs[victim], tmp_path, victim, groups)
+        while not ready(victim):
+            assert time.time() < deadline and procs[victim].poll() is None, alive()
+            time.sleep(0.1)
+        resumed_at = max(r["iter"] for r in _steps(logs[0]))
+        hold.unlink()
+        _wait(procs, time.time() + 300, "the run", [str(log) for log in logs])
+        assert [p.returncode for p in procs] == [0] * groups
+        _stop(lighthouse)
+    finally:
+        lighthouse.kill()
+
+    done = [_records(log)[-1] for log in logs]
+    assert all(d.get("done") for d in done) and [d["iter"] for d in done] == [iters] * groups
+    survivor = _steps(logs[0])
+    assert {r["pid"] for r in survivor} == {procs[0].pid}  # never restarted
+    assert [r["iter"] for r in survivor] == list(range(iters))  # every iteration, once
+    assert all(s < killed_at for s in done[0]["heal_steps"])  # no heal after the kill
+    assert done[0]["failed_commits"] <= 2  # at most the step in progress, redone
+    assert {r["parts"] for r in survivor} == {1, 2}
+    assert "Continuing at" not in (tmp_path / "g0.err").read_text()  # no checkpoint read
+    # the restarted group healed from the survivor past the kill, then trained in lockstep
+    heal_steps = done[victim]["heal_steps"]
+    assert heal_steps and heal_steps[-1] >= resumed_at, (heal_steps, resumed_at)
+    rejoined = [r for r in _steps(logs[victim]) if r["pid"] == done[victim]["pid"]]
+    assert rejoined[0]["iter"] == heal_steps[-1] and rejoined[-1]["iter"] == iters - 1
+    assert "Continuing at" not in (tmp_path / "g1.err").read_text()
+    states = [torch.load(tmp_path / f"g{g}.pt", weights_only=True) for g in range(groups)]
+    _assert_same_state(states[0], states[1])
+    assert states[0]["schedulers"][0]["_global_step"] == iters
+
+    # Nothing skipped or repeated: each iteration's 8 samples were read by the groups of its
+    # quorum (the iteration a group died in excepted: its part was read, never logged), and
+    # each whole epoch (12 iterations) read every sample once.
+    by_iter: dict[int, list[dict]] = {}
+    for r in survivor + _steps(logs[victim]):
+        by_iter.setdefault(r["iter"], []).append(r)
+    partial = []
+    for i, recs in sorted(by_iter.items()):
+        parts = {r["parts"] for r in recs}
+        assert len(parts) == 1
+        if len(recs) < parts.pop():
+            partial.append(i)
+            continue
+        assert sorted(x for r in recs for x in r["idx"]) == sorted(
+            set().union(*[r["idx"] for r in recs])
+        )
+        assert sum(len(r["idx"]) for r in recs) == BATCH * groups
+    assert len(partial) <= 1 and all(abs(i - killed_at) <= 1 for i in partial), partial
+    epoch_length = N // (BATCH * groups)
+    for epoch in range(iters // epoch_length):
+        if any(epoch * epoch_length <= i < (epoch + 1) * epoch_length for i in partial):
+            continue
+        read = Counter(
+            x
+            for i in range(epoch * epoch_length, (epoch + 1) * epoch_length)
+            for r in by_iter[i]
+            for x in r["idx"]
+        )
+        assert sorted(read) == list(range(N)) and set(read.values()) == {1}, epoch
+    # the periodic checkpoints, the fallback when every group dies: written by one group
+    assert list((tmp_path / "wd0").glob("iter_*.pth"))
+    assert not list((tmp_path / "wd1").glob("iter_*.pth"))
