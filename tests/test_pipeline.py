@@ -460,9 +460,28 @@ def _resume_on_one_device(work_dir):
 
 
 @in_float64
-def _resume_pipelined(work_dir, parallelism, pipeline):
-    """Resume the checkpoint under ``parallelism`` (with pipeline stages or without) and train
-    on; returns this rank's losses (its data-parallel share's)."""
+def _one_device_save_continue(work_dir):
+    """Train on one device, save a full checkpoint, train on; returns the losses after it."""
+    strategy = SingleDeviceStrategy(work_dir=work_dir, env_kwargs=dict(randomness=dict(seed=0)))
+    model, wrapper = strategy.prepare(
+        PipeTransformer(), optim_wrapper=OPTIM, dispatch_kwargs=dict(max_iters=SAVED_AT + MORE)
+    )
+    losses = []
+    for step in range(SAVED_AT + MORE):
+        if step == SAVED_AT:
+            strategy.save_checkpoint(f"{work_dir}/full.pth")
+        idx, targets = lm_batch(step)
+        with wrapper.optim_context(model):
+            loss = model.pipeline_loss(model(idx), targets)
+        wrapper.update_params(loss)
+        losses.append(loss.item())
+    return losses[SAVED_AT:]
+
+
+@in_float64
+def _resume_pipelined(work_dir, parallelism, pipeline, name="sharded"):
+    """Resume the checkpoint ``name`` under ``parallelism`` (with pipeline stages or without)
+    and train on; returns this rank's losses (its data-parallel share's)."""
     strategy = FSDPStrategy(
         work_dir=work_dir,
         env_kwargs=dict(randomness=dict(seed=0)),
@@ -472,7 +491,7 @@ def _resume_pipelined(work_dir, parallelism, pipeline):
     model, wrapper = strategy.prepare(
         PipeTransformer(), optim_wrapper=OPTIM, dispatch_kwargs=dict(max_iters=SAVED_AT + MORE)
     )
-    strategy.resume(f"{work_dir}/sharded")
+    strategy.resume(f"{work_dir}/{name}")
     losses = []
     for step in range(SAVED_AT, SAVED_AT + MORE):
         idx, targets = lm_batch(step)
@@ -612,3 +631,23 @@ def test_a_two_stage_two_shard_checkpoint_resumes_without_stages_with_stages_and
         got = run_distributed(_resume_pipelined, 2, work_dir, parallelism, pipeline, timeout=300)
         assert _mean_over_ranks(got) == pytest.approx(want, rel=TOLERANCE, abs=0), parallelism
     assert _resume_on_one_device(work_dir) == pytest.approx(want, rel=TOLERANCE, abs=0)
+
+
+def test_a_full_checkpoint_of_one_device_resumes_under_two_stages(tmp_path):
+    """Rank 0 alone reads a full checkpoint; every stage takes its part of it."""
+    work_dir = str(tmp_path)
+    want = _one_device_save_continue(work_dir)
+    got = run_distributed(
+        _resume_pipelined, 2, work_dir, dict(pp=2), dict(n_microbatches=2), "full.pth"
+    )
+    assert got[0] == got[1] == pytest.approx(want, rel=TOLERANCE, abs=0)
+
+
+@pytest.mark.slow  # 4 ranks
+def test_a_full_checkpoint_of_one_device_resumes_under_two_stages_times_two_shards(tmp_path):
+    work_dir = str(tmp_path)
+    want = _one_device_save_continue(work_dir)
+    got = run_distributed(
+        _resume_pipelined, 4, work_dir, dict(pp=2, dp_shard=2), None, "full.pth", timeout=300
+    )
+    assert _mean_over_ranks(got) == pytest.approx(want, rel=TOLERANCE, abs=0)

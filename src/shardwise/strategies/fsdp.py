@@ -573,11 +573,13 @@ class FSDPStrategy(BaseStrategy):
         return state
 
     def _load_options(self, state: Any) -> StateDictOptions:
-        """DTensors load shard to shard, and so do the plain tensors of plain pipeline stages
-        (each rank read its own stage's); other full tensors are taken from rank 0 (the others
-        may hold placeholders)."""
-        if contains(DTensor, state) or self.pipeline is not None:
+        """DTensors load shard to shard. Full tensors are taken from rank 0 (the others may
+        hold placeholders), but under pipeline stages every rank holds its own stage's
+        (:class:`~.pipeline.StagePart`), loaded as they are or onto the stage's shards."""
+        if contains(DTensor, state):
             return StateDictOptions(full_state_dict=False)
+        if self.pipeline is not None:
+            return StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
         return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
     # ------------------------------------------------------------------ checkpoints
@@ -596,7 +598,7 @@ class FSDPStrategy(BaseStrategy):
 
         for key, state in self._checkpointer.states.items():
             if key in ("state_dict", "optimizer"):
-                self._checkpointer.register(key, StagePart(key, state, own_names))
+                self._checkpointer.register(key, StagePart(key, state, own_names, self.device))
 
     def _checkpoint_layout(self) -> Layout:
         """Saves write the configured format (full tensors gathered on rank 0, DTensor shards

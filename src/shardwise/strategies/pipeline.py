@@ -62,6 +62,8 @@ from shardwise.checkpoint.formats import SHARDED
 from shardwise.checkpoint.full import save_full_checkpoint
 from shardwise.checkpoint.sharded import META_FILE, _split
 from shardwise.registry import FUNCTIONS
+from shardwise.tree import leaves as pytree_leaves
+from shardwise.tree import map_tensors
 
 __all__ = [
     "SCHEDULE_NAMES",
@@ -507,6 +509,7 @@ class Pipeline:
         self.modules = list(stages)
         self.has_first = 0 in self.stage_ids
         self.has_last = plan.n_stages - 1 in self.stage_ids
+        self._last_rank = plan.rank_of_stage(plan.n_stages - 1)
         self._loss_fn, self._loss_scale = loss_fn, 1.0
         self.stages = [
             PipelineStage(module, sid, plan.n_stages, device, group=pp_group)
@@ -557,11 +560,14 @@ class Pipeline:
         loss = torch.zeros((), dtype=torch.float64, device=self.device)
         if self.has_last:
             loss += torch.stack([x.detach().double() for x in losses]).mean() / self._loss_scale
-        last = self.plan.rank_of_stage(self.plan.n_stages - 1)
-        torch_dist.broadcast(loss, group=self.pp_group, group_src=last)
+        # waited for after the step: the last stage steps while the first finishes its backward
+        sent = torch_dist.broadcast(
+            loss, group=self.pp_group, group_src=self._last_rank, async_op=True
+        )
         optim_wrapper._after_backward()
         if optim_wrapper.should_update():
             self._step(optim_wrapper)
+        sent.wait()
         return {"loss": loss}
 
     def _step(self, wrapper: Any) -> None:
@@ -673,15 +679,45 @@ def _own_optimizer(optim: Mapping[str, Any], own: set[str]) -> Any:
     return result
 
 
+def _from_rank0(state: Any, device: torch.device) -> Any:
+    """``state`` with rank 0's tensors on every rank when some rank holds placeholders (a full
+    checkpoint is read by rank 0 only; the others get meta tensors of its shapes): every
+    stage needs its own part of it. Unchanged otherwise. A collective of the world group."""
+    placeholders = any(
+        isinstance(t, torch.Tensor) and t.is_meta for t in pytree_leaves(state)
+    )
+    flag = torch.tensor([int(placeholders)], device=device)
+    torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MAX)
+    if not flag.item():
+        return state
+
+    def send(tensor: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
+        if torch_dist.get_rank() == 0:
+            out.copy_(tensor)
+        torch_dist.broadcast(out, src=0)
+        return out.cpu()
+
+    return map_tensors(send, state)
+
+
 class StagePart:
     """A registered checkpoint state (the model's or the optimizers') of a pipeline stage:
     what it saves is its own, and of a checkpoint of the whole model it fits and loads the
     entries that name this rank's parameters (``own_names()``), dropping the other stages'.
+    A full checkpoint (read by rank 0 alone) is first sent to every rank (on ``device``).
 
     Every other call goes to ``state``."""
 
-    def __init__(self, key: str, state: Any, own_names: Callable[[], set[str]]) -> None:
+    def __init__(
+        self,
+        key: str,
+        state: Any,
+        own_names: Callable[[], set[str]],
+        device: torch.device | str = "cpu",
+    ) -> None:
         self._key, self._state, self._own_names = key, state, own_names
+        self._device = torch.device(device)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._state, name)
@@ -699,7 +735,8 @@ class StagePart:
         return self._state.state_dict()
 
     def load_state_dict(self, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+        state_dict = _from_rank0(state_dict, self._device)
         return self._state.load_state_dict(self._own(state_dict), *args, **kwargs)
 
     def fit_state_dict(self, saved: Any) -> tuple[Any, list[str]]:
-        return self._state.fit_state_dict(self._own(saved))
+        return self._state.fit_state_dict(self._own(_from_rank0(saved, self._device)))
