@@ -56,6 +56,9 @@ def _check_dcp_metadata(metadata: Any) -> None:
             raise TypeError(f"a storage entry is {index!r}: {info!r}")
         if type(info.offset) is not int or type(info.length) is not int:
             raise TypeError(f"{index.fqn!r}: offset {info.offset!r}, length {info.length!r}")
+        checksum = getattr(info, "checksum", None)  # .records.CHECKSUM
+        if checksum is not None and not isinstance(checksum, str):
+            raise TypeError(f"{index.fqn!r}: its chunk's checksum is {checksum!r}")
 
 
 def dcp_files(metadata: Any) -> set[str]:

@@ -54,7 +54,7 @@ from .full import (
     save_full_checkpoint,
 )
 from .local import load_local_checkpoint, local_ranks, rank_file, save_local_checkpoint
-from .manifest import ChecksumCheck, checksums_checked, recorded_files
+from .manifest import ReadCheck, checksums_checked, read_manifest, recorded_files
 from .opened import MODEL, OpenCheckpoint, TensorInfo, map_infos, normalize
 from .planning import LAYOUT_FILE, index_files, is_fragmented
 from .safe_dcp import SafeFileSystemReader
@@ -63,12 +63,12 @@ from .sharded import (
     DCP_METADATA,
     META_FILE,
     REF,
+    checked_whole,
     is_ref,
     load_sharded_checkpoint,
     load_sharded_tensors,
     read_sharded_meta,
     save_sharded_checkpoint,
-    verification_share,
 )
 
 __all__ = [
@@ -290,17 +290,20 @@ class _Sharded(CheckpointFormat):
 
     def read_onto(self, path, placement, verify):
         """The small files on every rank (agreed), then DCP's collective load into the
-        placement's tensors; meanwhile each rank checks the checksums of its share of the
-        files, and the ranks agree on that before anything is returned (a mismatch also
-        explains a failed load)."""
+        placement's tensors; meanwhile each rank checks the checksums of what it reads (the
+        small files whole, the metadata fragments it reads before trusting them, and each
+        chunk it reads against the checksum its fragment records, :class:`ReadCheck`: under
+        resharding, part of a file), and the ranks agree on that before anything is returned
+        (a mismatch also explains a failed load)."""
         check = None
-        if verify:
-            share = verification_share(recorded_files(path), placement.rank, placement.world_size)
-            check = ChecksumCheck(path, share)
+        if verify and read_manifest(path) is not None:
+            check = ReadCheck(path, checked_whole(recorded_files(path), path))
         checkpoint, error = None, None
         try:
             skeleton, specs = placement.on_every_rank(lambda: read_sharded_meta(path))
-            checkpoint = load_sharded_tensors(path, skeleton, specs, placement.tensor_for)
+            checkpoint = load_sharded_tensors(
+                path, skeleton, specs, placement.tensor_for, check=check
+            )
         except Exception as exc:  # noqa: BLE001 - every rank failed (agreed): raised below
             error = exc
         if check is not None:

@@ -34,6 +34,7 @@ import hashlib
 import json
 import mmap
 import os
+import queue
 import threading
 import time
 import zlib
@@ -57,6 +58,7 @@ __all__ = [
     "MANIFEST",
     "PendingManifest",
     "Problem",
+    "ReadCheck",
     "build_manifest",
     "ChecksumCheck",
     "check_checksums",
@@ -81,7 +83,9 @@ _CHUNK = 1 << 20
 #: The checksum new manifests record; ``crc32`` and ``sha256`` ones (earlier versions) still
 #: verify.
 ALGORITHM = "xxh3_64"
-_LABELS = {"xxh3_64": "XXH3-64", "crc32": "CRC-32", "sha256": "SHA-256"}
+#: Each checksum algorithm's name in messages.
+LABELS = {"xxh3_64": "XXH3-64", "crc32": "CRC-32", "sha256": "SHA-256"}
+_LABELS = LABELS
 
 #: Called with the number of bytes just read (drives a progress bar).
 OnBytes = Callable[[int], None]
@@ -428,6 +432,142 @@ def checksums_checked(
         check.result()
         raise
     check.result()
+
+
+class ReadCheck:
+    """What one rank reads of a checkpoint, compared with the checksums recorded at save time:
+    whole files (:meth:`whole`) and chunks of files (:meth:`chunks`: byte ranges whose
+    checksums the checkpoint's index records, :mod:`.records`) in a background thread beside
+    the reads, and files checked at once (:meth:`check_now`: an index the caller is about to
+    trust). Under resharding a rank reads some chunks of a file: it hashes those alone.
+    :meth:`result` waits and raises :class:`CheckpointError` naming every damaged file, as
+    :func:`check_checksums` does; call it before anything read is used. ``hashed``: the
+    bytes hashed so far.
+
+    Example::
+
+        check = ReadCheck(path, ["meta.pt"])
+        check.chunks("__0_0.distcp", [(0, 1024, "xxh3_64:9f86d081884c7d65", "w")])
+        ...                                     # read those bytes meanwhile
+        check.result()                          # CheckpointError if any differ
+    """
+
+    def __init__(self, checkpoint: str | os.PathLike[str], files: Iterable[str] = ()) -> None:
+        self.checkpoint = Path(checkpoint)
+        manifest = read_manifest(self.checkpoint)
+        if manifest is None:
+            raise FileNotFoundError(f"{self.checkpoint} has no manifest to check reads against")
+        self._recorded: dict[str, Any] = manifest["files"]
+        self._algorithm: str = manifest["algorithm"]
+        self.hashed = 0
+        self._problems: list[Problem] = []
+        self._queued: set[str] = set()
+        self._tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="shardwise-verify", daemon=True)
+        self._thread.start()
+        for name in files:
+            self.whole(name)
+
+    def whole(self, name: str) -> None:
+        """Check the file ``name`` (relative to the checkpoint) whole, once."""
+        if name not in self._queued:
+            self._queued.add(name)
+            self._tasks.put((name, None))
+
+    def chunks(self, name: str, ranges: Iterable[tuple[int, int, str, str]]) -> None:
+        """Check byte ranges of the file ``name``: ``(offset, length, recorded checksum
+        'algorithm:hex', what the range holds)`` each."""
+        self._tasks.put((name, list(ranges)))
+
+    def check_now(self, names: Iterable[str]) -> None:
+        """Check the files ``names`` whole, now; raise at once if any differ."""
+        names = list(names)
+        problems = _verify(self.checkpoint, self._count, names, _mapped_checksum)
+        self._queued.update(names)
+        _raise_if_damaged(self.checkpoint, problems)
+
+    def result(self) -> None:
+        """Wait for the checks queued so far; raise :class:`CheckpointError` if any failed."""
+        self._tasks.put(None)
+        self._thread.join()
+        _raise_if_damaged(self.checkpoint, self._problems)
+
+    def _count(self, n: int) -> None:
+        self.hashed += n
+
+    def _run(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            name, ranges = task
+            try:
+                if ranges is None:
+                    self._problems += _verify(
+                        self.checkpoint, self._count, [name], _mapped_checksum
+                    )
+                else:
+                    self._problems += self._check_chunks(name, ranges)
+            except Exception as exc:  # noqa: BLE001 - reported by result()
+                self._problems.append(Problem(name, f"cannot be checked ({exc})"))
+
+    def _check_chunks(self, name: str, ranges: list[tuple[int, int, str, str]]) -> list[Problem]:
+        path = self.checkpoint / name
+        if not path.is_file():
+            return [Problem(name, "missing (the index refers to it)")]
+        problems = []
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            for offset, length, recorded, what in sorted(ranges):
+                algorithm, _, expected = recorded.partition(":")
+                if algorithm not in _LABELS:
+                    problems.append(
+                        Problem(name, f"the chunk of {what!r}: unknown checksum {recorded!r}")
+                    )
+                    continue
+                if offset + length > size:
+                    problems.append(
+                        Problem(
+                            name,
+                            f"truncated: the chunk of {what!r} ends at byte {offset + length}, "
+                            f"the file has {size}",
+                        )
+                    )
+                    continue
+                digest = _range_checksum(f, offset, length, algorithm)
+                self._count(length)
+                if digest != expected:
+                    problems.append(
+                        Problem(
+                            name,
+                            f"the chunk of {what!r} at bytes {offset}-{offset + length}: "
+                            f"{_LABELS[algorithm]} {digest[:12]} differs from the recorded "
+                            f"{expected[:12]} (its bytes changed after the save)",
+                        )
+                    )
+        return problems
+
+
+def _range_checksum(f: Any, offset: int, length: int, algorithm: str) -> str:
+    """The checksum of ``length`` bytes of the open file ``f`` from ``offset``, hashed where
+    they lie (``mmap``, 16 MiB at a time, the GIL released), or read where a file cannot be
+    mapped."""
+    digest = new_checksum(algorithm)
+    try:
+        for first in range(offset, offset + length, _WINDOW):
+            last = min(first + _WINDOW, offset + length)
+            base = first - first % mmap.ALLOCATIONGRANULARITY
+            with mmap.mmap(f.fileno(), last - base, offset=base, access=mmap.ACCESS_READ) as m:
+                with memoryview(m) as view:
+                    digest.update(view[first - base :])
+    except (OSError, ValueError):  # not mappable here (e.g. a special file system)
+        digest = new_checksum(algorithm)
+        f.seek(offset)
+        left = length
+        while left > 0:
+            data = f.read(min(left, _CHUNK))
+            if not data:
+                break
+            digest.update(data)
+            left -= len(data)
+    return digest.hexdigest()
 
 
 class PendingManifest:

@@ -103,7 +103,15 @@ _SLACK = 4096
 
 class SafeFileSystemReader(FileSystemReader):
     """``FileSystemReader`` whose ``.metadata`` is read by :func:`load_dcp_metadata` and which
-    reads only the byte range a rank needs of each stored tensor (see the module docstring)."""
+    reads only the byte range a rank needs of each stored tensor (see the module docstring).
+
+    ``check``: a :class:`~.manifest.ReadCheck` told of every stored chunk read (hashed beside
+    the reads): a chunk's own checksum where the index records one (:mod:`.records`), else
+    its whole file (a checkpoint saved before chunks had checksums)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, check: Any = None) -> None:
+        super().__init__(path)
+        self.check = check
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
@@ -122,7 +130,29 @@ class SafeFileSystemReader(FileSystemReader):
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
+    def _note_reads(self, plan: LoadPlan) -> None:
+        """Tell the check which stored chunks this plan reads (each once)."""
+        from .records import chunk_checksum
+
+        chunks: dict[str, dict[tuple[int, int], tuple[int, int, str, str]]] = {}
+        for item in plan.items:
+            info = self.storage_data[item.storage_index]
+            recorded = chunk_checksum(info)
+            if recorded is None:
+                self.check.whole(info.relative_path)
+            else:
+                chunks.setdefault(info.relative_path, {})[(info.offset, info.length)] = (
+                    info.offset,
+                    info.length,
+                    recorded,
+                    item.storage_index.fqn,
+                )
+        for name, ranges in chunks.items():
+            self.check.chunks(name, ranges.values())
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        if self.check is not None:
+            self._note_reads(plan)
         if any(self.storage_data[r.storage_index].transform_descriptors for r in plan.items):
             return super().read_data(plan, planner)  # compressed & co.: DCP's own reader
         per_file: dict[str, list[ReadItem]] = {}

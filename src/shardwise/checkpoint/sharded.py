@@ -48,8 +48,14 @@ import torch.distributed as torch_dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import FileSystem, _StoragePrefix
+from torch.distributed.checkpoint.filesystem import (
+    DEFAULT_SUFFIX,
+    FileSystem,
+    SerializationFormat,
+    _StoragePrefix,
+)
 from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.futures import Future
 from torch.utils._pytree import SUPPORTED_NODES
 
 from ..tree import map_leaves, map_with_path
@@ -57,12 +63,15 @@ from . import planning
 from .agreement import on_every_rank
 from .files import CheckpointError, describe_error
 from .full import HashingWriter, WrittenFile, load_full_checkpoint, save_full_checkpoint
+from .manifest import ReadCheck
+from .records import write_records
 from .safe_dcp import SafeFileSystemReader
 
 __all__ = [
     "DCP_METADATA",
     "META_FILE",
     "TensorFactory",
+    "checked_whole",
     "load_sharded_checkpoint",
     "load_sharded_tensors",
     "read_sharded_checkpoint",
@@ -235,9 +244,28 @@ class _RecordingWriter(dcp.FileSystemWriter):
         self.names: list[str] = []
 
     def write_data(self, plan: Any, planner: Any) -> Any:
-        future = super().write_data(plan, planner)  # FileSystemWriter writes before returning
-        names = {getattr(r.storage_data, "relative_path", None) for r in future.wait()}
-        self.names += sorted(n for n in names if n)
+        """The rank's one data file, written by :func:`.records.write_records` (DCP's records,
+        each with its checksum); DCP's own writer where its options ask for more files or
+        stream transforms."""
+        if (
+            self.thread_count != 1
+            or not self.single_file_per_rank
+            or self.transforms.extensions
+            or self.serialization_format != SerializationFormat.TORCH_SAVE
+        ):
+            future = super().write_data(plan, planner)  # FileSystemWriter writes at once
+            names = {getattr(r.storage_data, "relative_path", None) for r in future.wait()}
+            self.names += sorted(n for n in names if n)
+            return future
+        results = []
+        if plan.items:  # DCP would leave an empty data file behind, which no index names
+            name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
+            file = Path(self.fs.concat_path(self.path, name))
+            results, digest = write_records(file, name, plan.items, planner, self.sync_files)
+            self.fs.digests[file] = digest
+            self.names.append(name)
+        future: Future[list[Any]] = Future()
+        future.set_result(results)
         return future
 
     def finish(self, metadata: Any, results: Any) -> None:
@@ -266,11 +294,12 @@ def _records_without_crc32() -> Iterator[None]:
     """DCP's records written without torch's CRC-32 of each record, on the main thread.
 
     DCP stores every tensor as a small ``torch.save`` archive, which torch computes a CRC-32
-    for (``torch.load`` never checks it); shardwise's manifest already holds the checksum of
-    each whole file, taken while writing it. torch's CRC-32 alone costs ~0.1 s of a sharded
-    save of 0.6 GB per rank. torch's switch is process-wide, so it is turned off only
-    on the main thread, which the save blocks; a save written in the background keeps torch's
-    CRC-32s, since the training thread may ``torch.save`` meanwhile.
+    for (``torch.load`` never checks it); shardwise records the checksum of each record and
+    of each whole file while writing them (:mod:`.records`, whose record templates need the
+    CRC-32s off). torch's CRC-32 alone costs ~0.1 s of a sharded save of 0.6 GB per rank.
+    torch's switch is process-wide, so it is turned off only on the main thread, which the
+    save blocks; a save written in the background keeps torch's CRC-32s, since the training
+    thread may ``torch.save`` meanwhile.
     """
     get = getattr(torch.serialization, "get_crc32_options", None)
     if get is None or threading.current_thread() is not threading.main_thread():
@@ -382,10 +411,8 @@ def _save_without_gather(
     # for another save's index (rank 0's fragment may already be there: this save's)
     writer.fs.mkdir(writer.path)
     plan = planner.finish_plan(replace(plan, storage_data=_StoragePrefix(f"__{rank}_")))
-    results = []
-    if plan.items:  # DCP would leave an empty data file behind, which no index names
-        with _records_without_crc32():
-            results = writer.write_data(plan, planner).value()
+    with _records_without_crc32():
+        results = writer.write_data(plan, planner).value()
     writer.finish(fragment, [results])
     written: list[Path | WrittenFile] = list(writer.written)
     if rank == 0:
@@ -398,6 +425,19 @@ def _save_without_gather(
             os.fsync(f.fileno())
         written.append(WrittenFile(file, hashing.hexdigest()))
     return written
+
+
+def checked_whole(names: Sequence[str], path: str | os.PathLike[str]) -> list[str]:
+    """The files of a sharded checkpoint every rank checks whole before trusting what it
+    reads (:func:`load_sharded_tensors` with a ``check``): ``meta.pt``, ``layout.json``, and
+    ``.metadata`` where it is the index (a checkpoint planned centrally). The metadata
+    fragments a rank reads, and the chunks, are checked as they are read."""
+    fragmented = planning.is_fragmented(path)
+    return [
+        name
+        for name in names
+        if _WRITER.match(name) is None and not (fragmented and name == DCP_METADATA)
+    ]
 
 
 def verification_share(names: Sequence[str], rank: int, world_size: int) -> list[str]:
@@ -488,8 +528,8 @@ class _FragmentReader(SafeFileSystemReader):
     """:class:`SafeFileSystemReader` over metadata already merged from the fragments a rank
     needs (:mod:`.planning`), instead of a ``.metadata`` file."""
 
-    def __init__(self, path: Path, metadata: Any) -> None:
-        super().__init__(path)
+    def __init__(self, path: Path, metadata: Any, check: ReadCheck | None = None) -> None:
+        super().__init__(path, check=check)
         self._merged = metadata
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
@@ -498,19 +538,25 @@ class _FragmentReader(SafeFileSystemReader):
         return self._merged
 
 
-def _load_from_fragments(path: Path, targets: dict[str, torch.Tensor]) -> None:
+def _load_from_fragments(
+    path: Path, targets: dict[str, torch.Tensor], check: ReadCheck | None = None
+) -> None:
     """Read ``targets`` from a checkpoint saved without a gather, on this rank alone: only the
     metadata fragments whose chunks overlap this rank's targets, then DCP's load without
-    collectives (its plans need no coordinator: each rank reads what it needs)."""
+    collectives (its plans need no coordinator: each rank reads what it needs). ``check``:
+    the fragments are checked against the manifest before they are trusted, and the chunks
+    read against the checksums the fragments record (:class:`~.manifest.ReadCheck`)."""
     wanted = planning.wanted_chunks(targets)
-    metadata = planning.read_fragments(
-        path, planning.fragments_for(planning.read_layout(path), wanted)
-    )
+    ranks = planning.fragments_for(planning.read_layout(path), wanted)
+    if check is not None:
+        check.check_now(planning.fragment_name(rank) for rank in ranks)
+    metadata = planning.read_fragments(path, ranks)
     planning.check_coverage(metadata, wanted, str(path))
     with warnings.catch_warnings():  # no_dist is what we asked for
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
-            dcp.load(targets, storage_reader=_FragmentReader(path, metadata), no_dist=True)
+            reader = _FragmentReader(path, metadata, check)
+            dcp.load(targets, storage_reader=reader, no_dist=True)
         except CheckpointException as exc:  # a BaseException: turn it into an ordinary error
             rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
             raise dcp_error("load", path, exc, rank=rank) from None
@@ -523,23 +569,28 @@ def load_sharded_tensors(
     tensor_factory: TensorFactory | None = None,
     *,
     no_dist: bool = False,
+    check: ReadCheck | None = None,
 ) -> dict[str, Any]:
     """Load the tensors that :func:`read_sharded_meta` listed into tensors made by
-    ``tensor_factory`` and return the whole checkpoint (a collective unless ``no_dist``)."""
+    ``tensor_factory`` and return the whole checkpoint (a collective unless ``no_dist``).
+    ``check``: told of every index file and chunk this rank reads, to compare them with
+    their recorded checksums (:class:`~.manifest.ReadCheck`; its ``result()`` is the
+    caller's to wait for)."""
     factory = tensor_factory or _full_tensor
     targets = {key: factory(*spec) for key, spec in specs.items()}
     path = Path(path)
     if targets and planning.is_fragmented(path):
         distributed = torch_dist.is_available() and torch_dist.is_initialized()
         if no_dist or not distributed:
-            _load_from_fragments(path, targets)
+            _load_from_fragments(path, targets, check)
         else:  # each rank reads alone; one small agreement on the outcome
-            on_every_rank(lambda: _load_from_fragments(path, targets), f"loading {path}")
+            on_every_rank(lambda: _load_from_fragments(path, targets, check), f"loading {path}")
     elif targets:
         with warnings.catch_warnings():  # no_dist is what we asked for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             try:
-                dcp.load(targets, storage_reader=SafeFileSystemReader(path), no_dist=no_dist)
+                reader = SafeFileSystemReader(path, check=check)
+                dcp.load(targets, storage_reader=reader, no_dist=no_dist)
             except CheckpointException as exc:  # a BaseException: turn it into an ordinary error
                 raise dcp_error("load", path, exc) from None
     return _fill(skeleton, targets)

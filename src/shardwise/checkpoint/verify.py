@@ -34,8 +34,17 @@ from .dcp_index import dcp_files, read_dcp_metadata
 from .files import CheckpointError, describe_error
 from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat, detect_format
 from .local import local_ranks, rank_file
-from .manifest import OnBytes, Problem, manifest_path, read_manifest, verify_manifest
+from .manifest import (
+    LABELS,
+    OnBytes,
+    Problem,
+    manifest_path,
+    new_checksum,
+    read_manifest,
+    verify_manifest,
+)
 from .opened import OpenCheckpoint
+from .records import chunk_checksum
 from .safetensors_file import read_safetensors_header
 from .sharded import DCP_METADATA, META_FILE, tensor_refs
 
@@ -241,8 +250,9 @@ def _check_sharded(path: Path, report: VerifyReport, deep: bool, on_bytes: OnByt
 
 
 def _check_dcp_crcs(path: Path, metadata: Any, report: VerifyReport, on_bytes: OnBytes | None):
-    """DCP stores each tensor chunk as a small ``torch.save`` archive: check their CRC-32s
-    (records written without one are counted in a note)."""
+    """DCP stores each tensor chunk as a small ``torch.save`` archive: check each against the
+    checksum its index records (:mod:`.records`) or, for records without one, their CRC-32s
+    (records written without either are counted in a note)."""
     by_file: dict[str, list[tuple[Any, Any]]] = {}
     unchecked: dict[str, int] = {}  # records written without a CRC-32, per file
     for index, info in (metadata.storage_data or {}).items():
@@ -257,6 +267,22 @@ def _check_dcp_crcs(path: Path, metadata: Any, report: VerifyReport, on_bytes: O
                 data = f.read(info.length)
                 if on_bytes is not None:
                     on_bytes(len(data))
+                recorded = chunk_checksum(info)
+                if recorded is not None:
+                    algorithm, _, expected = recorded.partition(":")
+                    digest = new_checksum(algorithm) if algorithm in LABELS else None
+                    if digest is not None:
+                        digest.update(data)
+                    if digest is None or digest.hexdigest() != expected:
+                        report.problems.append(
+                            Problem(
+                                rel,
+                                f"the chunk of tensor {index.fqn!r} at byte {info.offset} "
+                                f"differs from the checksum {recorded!r} its index records",
+                            )
+                        )
+                        break
+                    continue
                 if not data.startswith(b"PK"):
                     continue  # not a torch.save archive (bytes, or a newer DCP layout)
                 try:
