@@ -93,6 +93,83 @@ def _steps(path: Path) -> list[dict]:
     return [r for r in _records(path) if "iter" in r and "loss" in r]
 
 
+# ---------------------------------------------------------------------- fast checks
+@pytest.mark.parametrize("n, drop_last", [(96, False), (50, False), (50, True)])
+def test_a_step_reads_what_a_distributed_sampler_gives_each_rank(n, drop_last) -> None:
+    """All groups live: part r of iteration i is what rank r of a plain run of as many ranks
+    reads in its i-th batch (the oracle: torch's DistributedSampler and DataLoader, padding
+    and drop_last included); fewer live parts split the same samples, disjointly."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from shardwise.runner.ft_loop import QuorumBatchSampler
+
+    world, batch = 3, 4
+    data = TensorDataset(torch.arange(n))
+    ours = QuorumBatchSampler(n, batch, world, shuffle=True, seed=5, drop_last=drop_last)
+    for rank in range(world):
+        sampler = DistributedSampler(data, num_replicas=world, rank=rank, seed=5)
+        loader = DataLoader(data, batch_size=batch, sampler=sampler, drop_last=drop_last)
+        assert ours.epoch_length == len(loader)
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            for b, (x,) in enumerate(loader):
+                assert ours.indices(epoch * len(loader) + b, rank, world) == x.tolist()
+    for i in range(2 * ours.epoch_length):
+        whole = sorted(x for r in range(world) for x in ours.indices(i, r, world))
+        for live in (1, 2):
+            assert sorted(x for r in range(live) for x in ours.indices(i, r, live)) == whole
+
+
+def _cfg_file(tmp: Path, ft: bool) -> Path:
+    path = tmp / "cfg.py"
+    strategy = "dict(type='DDPStrategy'"
+    if ft:
+        strategy += ", fault_tolerance=dict(num_replica_groups=3, lighthouse='http://h:1')"
+    path.write_text(
+        f"model = dict(type='Linear', in_features=2, out_features=1)\nstrategy = {strategy})\n"
+    )
+    return path
+
+
+def test_replica_group_flags_and_torchft_variables_set_fault_tolerance(tmp_path, monkeypatch):
+    from shardwise.cli import build_parser
+    from shardwise.runner.commands import _read_train_config
+
+    cfg_path = _cfg_file(tmp_path, ft=True)
+    for var in ("REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS"):
+        monkeypatch.delenv(var, raising=False)
+    args = build_parser().parse_args(["train", str(cfg_path), "--replica-group", "2"])
+    ft = _read_train_config(args).strategy.fault_tolerance
+    assert ft.replica_group == 2 and ft.num_replica_groups == 3
+    monkeypatch.setenv("REPLICA_GROUP_ID", "1")
+    monkeypatch.setenv("NUM_REPLICA_GROUPS", "4")
+    args = build_parser().parse_args(["train", str(cfg_path)])
+    ft = _read_train_config(args).strategy.fault_tolerance
+    assert (ft.replica_group, ft.num_replica_groups) == (1, 4)
+    args = build_parser().parse_args(["train", str(cfg_path), "--replica-group", "0"])
+    assert _read_train_config(args).strategy.fault_tolerance.replica_group == 0  # flag first
+    monkeypatch.setenv("REPLICA_GROUP_ID", "one")
+    with pytest.raises(ValueError, match="REPLICA_GROUP_ID='one' is not an int"):
+        _read_train_config(build_parser().parse_args(["train", str(cfg_path)]))
+
+
+def test_replica_group_flag_without_fault_tolerance_is_refused(tmp_path, capsys) -> None:
+    from shardwise.cli import main
+
+    cfg_path = _cfg_file(tmp_path, ft=False)
+    assert main(["train", str(cfg_path), "--replica-group", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--replica-group set fault_tolerance keys, but the config's strategy has no " in err
+
+
+def test_lighthouse_refuses_min_replicas_below_one(capsys) -> None:
+    from shardwise.cli import main
+
+    assert main(["ft", "lighthouse", "--min-replicas", "0"]) == 2
+    assert "--min-replicas 0 must be >= 1" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- end to end
 @pytest.mark.slow
 def test_runner_without_failures_equals_a_plain_ddp_run(tmp_path) -> None:
     """Two replica groups under the Runner read, step for step, the samples a plain DDP run of
@@ -255,3 +332,84 @@ def test_runner_kill_one_replica_group_survivor_goes_on_and_the_restart_heals(tm
     # the periodic checkpoints, the fallback when every group dies: written by one group
     assert list((tmp_path / "wd0").glob("iter_*.pth"))
     assert not list((tmp_path / "wd1").glob("iter_*.pth"))
+
+
+def _run_together(
+    tmp: Path, cfgs: list[Path], hold: Path, extra: list[str] = (), until: Path | None = None
+) -> None:
+    """Start a replica group per config (held until all are up) and wait for them to end, or,
+    with ``until``, kill -9 every group as soon as that file exists."""
+    hold.touch()
+    procs = []
+    for g, cfg in enumerate(cfgs):
+        args = ["train", str(cfg), "--replica-group", str(g), "--work-dir", str(tmp / f"wd{g}")]
+        procs.append(_shardwise([*args, *extra], tmp / f"g{g}.jsonl"))
+    logs = [tmp / f"g{g}.jsonl" for g in range(len(cfgs))]
+
+    def failed() -> list[str]:
+        return [log.with_suffix(".err").read_text()[-3000:] for log in logs]
+
+    deadline = time.time() + 240
+    while not all(
+        any(r.get("ready") and r["pid"] == p.pid for r in _records(log))
+        for p, log in zip(procs, logs, strict=True)
+    ):
+        assert time.time() < deadline and all(p.poll() is None for p in procs), failed()
+        time.sleep(0.1)
+    hold.unlink()
+    if until is not None:
+        while not until.exists():
+            assert time.time() < deadline and all(p.poll() is None for p in procs), failed()
+            time.sleep(0.05)
+        for p in procs:
+            os.kill(p.pid, signal.SIGKILL)
+        for p in procs:
+            p.wait()
+        return
+    _wait(procs, time.time() + 300, "the replica groups", [str(log) for log in logs])
+    assert [p.returncode for p in procs] == [0] * len(cfgs)
+
+
+@pytest.mark.slow
+def test_every_group_lost_the_run_resumes_from_the_periodic_checkpoint(tmp_path) -> None:
+    """The fallback when every replica group dies (kill -9 both once iter_20 is committed):
+    restarted with --resume, the group that wrote the newest checkpoint resumes from it, the
+    other (none in its work_dir) heals from it, and the iterations from 20 on give the
+    losses of a run that never stopped."""
+    groups, iters = 2, 30
+    lighthouse, address = _lighthouse(tmp_path, min_replicas=1)
+    try:
+        ft = dict(num_replica_groups=groups, min_replicas=1, lighthouse=address)
+        straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+        straight.mkdir()
+        hold = straight / "hold"
+        cfgs = [_config(straight, f"g{g}", iters, ft, hold=str(hold)) for g in range(groups)]
+        _run_together(straight, cfgs, hold)
+        stopped.mkdir()
+        hold = stopped / "hold"
+        cfgs = [
+            _config(stopped, f"g{g}", iters, ft, sleep=0.1, hold=str(hold)) for g in range(groups)
+        ]
+        _run_together(stopped, cfgs, hold, until=stopped / "wd0" / "iter_20.pth")
+        assert not (stopped / "wd0" / "iter_30.pth").exists()
+        first = [{r["pid"] for r in _steps(stopped / f"g{g}.jsonl")} for g in range(groups)]
+        _run_together(stopped, cfgs, hold, ["--resume"])
+        _stop(lighthouse)
+    finally:
+        lighthouse.kill()
+    assert "Resumed from " + str(stopped / "wd0" / "iter_20.pth") in (
+        (stopped / "g0.err").read_text()
+    )
+    assert "no committed checkpoint: starting from scratch" in (stopped / "g1.err").read_text()
+    assert _records(stopped / "g1.jsonl")[-1]["heal_steps"] == [20]
+    for g in range(groups):
+        again = [r for r in _steps(stopped / f"g{g}.jsonl") if r["pid"] not in first[g]]
+        want = _steps(straight / f"g{g}.jsonl")[20:]
+        assert [r["iter"] for r in again] == list(range(20, iters))
+        for r, w in zip(again, want, strict=True):
+            assert r["idx"] == w["idx"] and abs(r["loss"] - w["loss"]) <= 1e-6, (r, w)
+    states = [torch.load(stopped / f"g{g}.pt", weights_only=True) for g in range(groups)]
+    _assert_same_state(states[0], states[1])
+    reference = torch.load(straight / "g0.pt", weights_only=True)
+    for key, value in reference["model"].items():
+        torch.testing.assert_close(states[0]["model"][key], value)
