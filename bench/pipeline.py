@@ -9,13 +9,16 @@ One pair of fresh processes (2 gloo ranks, one intra-op thread each) runs both p
   stage's modules (the embeddings and blocks 0-1 on rank 0; blocks 2-3, the final norm and
   the head on rank 1), a ``PipelineStage`` of it, torch's ``Schedule1F1B`` / ``ScheduleGPipe``
   with the same microbatches and ``loss_fn`` (cross-entropy / 4, ``scale_grads=False``, as
-  shardwise's), then ``torch.optim.AdamW``'s step and ``zero_grad``. No ``fully_shard`` on the
-  raw side (pp alone has nothing to shard; shardwise shards each stage over its data-parallel
-  mesh of size 1). Both start from the same weights (the raw stage takes shardwise's) and
+  shardwise's), then ``torch.optim.AdamW``'s step and ``zero_grad``. No ``fully_shard`` on
+  either side (pp alone has nothing to shard: shardwise leaves such stages plain); a third,
+  diagnostic contender is the raw stage ``fully_shard``-ed over a data-parallel mesh of size
+  1. All start from the same weights (the raw stage takes shardwise's) and
   train on the same batches; three steps check that they compute the same losses. Timing
   alternates them in blocks (ABBA) after a warm-up; the ratio is the median of the per-block
-  ratios, as in ``bench/overhead.py``; shardwise's own Python frames are profiled, and the
-  collectives each makes are counted.
+  ratios, as in ``bench/overhead.py``; each step's CPU time (``time.process_time``, the
+  process's own work, which other load on the cores does not stretch) is compared the same
+  way; shardwise's own Python frames are profiled, and the collectives each makes are
+  counted.
 - *Bubble*: for each schedule (GPipe, 1F1B, Interleaved1F1B with 2 stages per rank: 4
   stages of one block), shardwise's stages are instrumented: every call of a stage's
   ``forward_one_chunk`` / ``backward_one_chunk`` (and the last stage's loss) is timed on its
@@ -169,8 +172,8 @@ def ratio_case(work_dir: str, schedule: str, warmup: int, rounds: int, per_round
     pipe = strategy.pipeline
     weights = _full_weights(sw_model)
     _, raw_opt, raw_sched = _raw(base, rank, weights, schedule)
-    # Diagnostic: the raw stage with fully_shard over a data-parallel mesh of size 1, as
-    # FSDPStrategy shards each stage (pp alone leaves nothing to shard, but it still shards).
+    # Diagnostic: the raw stage with fully_shard over a data-parallel mesh of size 1 (what
+    # FSDPStrategy did to each stage before pp-only stages were left plain).
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (PP, 1), mesh_dim_names=("pp", "dp_shard"))
@@ -196,18 +199,35 @@ def ratio_case(work_dir: str, schedule: str, warmup: int, rounds: int, per_round
 
     raw_step = raw_step_fn(raw_sched, raw_opt)
     fs_step = raw_step_fn(fs_sched, fs_opt)
+    cpu: dict[str, list[float]] = {}
+
+    def cpu_timed(name: str, fn):
+        """``fn`` recording each call's CPU seconds of this process (all its threads): the
+        work a step does, which other processes sharing the cores do not stretch."""
+        cpu[name] = []
+
+        def step(i: int):
+            start = time.process_time()
+            out = fn(i)
+            cpu[name].append(time.process_time() - start)
+            return out
+
+        return step
+
     losses = {
         "raw": [raw_step(i).item() for i in range(3)],
         "raw_fully_shard": [fs_step(i).item() for i in range(3)],
         "shardwise": [shardwise_step(i).item() for i in range(3)],
     }
+    contenders = {"raw": raw_step, "shardwise": shardwise_step, "raw_fully_shard": fs_step}
     times = interleaved_steps(
-        {"raw": raw_step, "shardwise": shardwise_step, "raw_fully_shard": fs_step},
+        {name: cpu_timed(name, fn) for name, fn in contenders.items()},
         warmup=warmup,
         rounds=rounds,
         per_round=per_round,
         barrier=dist.barrier,
     )
+    cpu_times = {name: values[warmup:] for name, values in cpu.items()}
     profile = _profile_shardwise_frames(shardwise_step, steps=5)
     collectives = {
         "raw": _count_collectives(raw_step, steps=2),
@@ -221,6 +241,7 @@ def ratio_case(work_dir: str, schedule: str, warmup: int, rounds: int, per_round
         "last_stage": last,
         "losses": losses,
         "times": times,
+        "cpu_times": cpu_times,
         "profile": profile,
         "collectives": collectives,
     }
@@ -321,17 +342,20 @@ def bubble_case(work_dir: str, warmup: int, steps: int, microbatches: list[int])
 
 
 # ----------------------------------------------------------------------------- driver side
+def _block_ratios(times: dict, a: str, b: str, settings: dict) -> dict:
+    """The spread (median, p25, p75) of the per-block ratios of median times ``a`` / ``b``."""
+    per_round, ratios = settings["per_round"], []
+    for r in range(settings["rounds"]):
+        block = slice(r * per_round, (r + 1) * per_round)
+        ratios.append(summary(times[a][block])["median_s"] / summary(times[b][block])["median_s"])
+    return summary(ratios)
+
+
 def _summarise_ratio(schedule: str, results: list[dict], settings: dict) -> dict:
     rank0 = results[0]
     raw = summary(rank0["times"]["raw"])
     sw = summary(rank0["times"]["shardwise"])
-    per_round = settings["per_round"]
-    round_ratios = []
-    for r in range(settings["rounds"]):
-        a = rank0["times"]["shardwise"][r * per_round : (r + 1) * per_round]
-        b = rank0["times"]["raw"][r * per_round : (r + 1) * per_round]
-        round_ratios.append(summary(a)["median_s"] / summary(b)["median_s"])
-    spread = summary(round_ratios)
+    spread = _block_ratios(rank0["times"], "shardwise", "raw", settings)
     losses = next(r["losses"] for r in results if r["last_stage"])
     same = all(
         abs(a - b) <= 1e-5 * max(1.0, abs(a))
@@ -340,14 +364,21 @@ def _summarise_ratio(schedule: str, results: list[dict], settings: dict) -> dict
     )
     value = spread["median_s"]
     fs = summary(rank0["times"]["raw_fully_shard"])
-    fs_ratios = []
-    for r in range(settings["rounds"]):
-        a = rank0["times"]["shardwise"][r * per_round : (r + 1) * per_round]
-        b = rank0["times"]["raw_fully_shard"][r * per_round : (r + 1) * per_round]
-        fs_ratios.append(summary(a)["median_s"] / summary(b)["median_s"])
+    fs_ratio = _block_ratios(rank0["times"], "shardwise", "raw_fully_shard", settings)["median_s"]
+    cpu = {}
+    for r in results:
+        if "cpu_times" in r:
+            c = _block_ratios(r["cpu_times"], "shardwise", "raw", settings)
+            cpu[f"rank{r['rank']}"] = {
+                "shardwise_cpu_s": summary(r["cpu_times"]["shardwise"])["median_s"],
+                "raw_cpu_s": summary(r["cpu_times"]["raw"])["median_s"],
+                "ratio": c["median_s"],
+                "ratio_p25_p75": [c["p25_s"], c["p75_s"]],
+            }
     return {
         "raw_fully_shard_step": fs,
-        "ratio_to_raw_fully_shard": summary(fs_ratios)["median_s"],
+        "ratio_to_raw_fully_shard": fs_ratio,
+        "cpu_per_step": cpu,
         "profile_categories": {f"rank{r['rank']}": r["profile_categories"] for r in results},
         "schedule": schedule,
         "world_size": PP,

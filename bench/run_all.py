@@ -1750,10 +1750,13 @@ def write_pipeline(rep: Report, res: dict[str, Any]) -> None:
         "loss broadcast, optimizer step, zero_grad). Raw: the same split by hand (a copy of the "
         "GPT without the other stage's modules: embeddings and blocks 0-1 / blocks 2-3, norm "
         "and head), torch's `PipelineStage` and `Schedule1F1B`/`ScheduleGPipe` with the same "
-        "microbatches and loss, plain AdamW, no `fully_shard`. Same weights, same batches, "
-        "ABBA blocks, ratio = median of per-block ratios (IQR), as in section 1. *Raw + "
+        "microbatches and loss, plain AdamW, no `fully_shard` (pp alone has nothing to shard: "
+        "FSDPStrategy leaves such stages plain modules too). Same weights, same batches, "
+        "ABBA blocks, ratio = median of per-block ratios (IQR), as in section 1. *CPU*: the "
+        "same ratio of each step's CPU time (`time.process_time`, the process's own work, "
+        "which other load on the shared cores does not stretch), per rank. *Raw + "
         "fully_shard*: the raw stage sharded by `fully_shard` over a data-parallel mesh of "
-        "size 1, which is what FSDPStrategy does to each stage (a diagnostic contender, timed "
+        "size 1, what FSDPStrategy did to each stage before (a diagnostic contender, timed "
         "in the same rotation). "
         f"Measured by `python bench/pipeline.py --{res.get('mode', 'quick')}` (section wall "
         f"{res.get('wall_s')} s) on {res.get('date')}, load average "
@@ -1766,12 +1769,13 @@ def write_pipeline(rep: Report, res: dict[str, Any]) -> None:
     rows = []
     for schedule, c in res.get("cases", {}).items():
         if c.get("status") != "ok":
-            rows.append([schedule, c.get("status", "?")] + [""] * 7)
+            rows.append([schedule, c.get("status", "?")] + [""] * 8)
             rep.problems.append(
                 f"pipeline/{schedule}: {c.get('status')}: {c.get('reason') or c.get('error')}"
             )
             continue
         iqr = c["round_ratio_p25_p75"]
+        cpu = c.get("cpu_per_step") or {}
         rows.append(
             [
                 f"{schedule}, pp=2",
@@ -1780,6 +1784,11 @@ def write_pipeline(rep: Report, res: dict[str, Any]) -> None:
                 f"{_r(c['ratio'])} [{_r(iqr[0])}–{_r(iqr[1])}]",
                 f"≤ {c['target']}",
                 _met(c["ratio"], c["target"]),
+                " / ".join(
+                    f"{_r(v['ratio'])} [{_r(v['ratio_p25_p75'][0])}–{_r(v['ratio_p25_p75'][1])}]"
+                    for v in cpu.values()
+                )
+                or "-",
                 _s(c["raw_fully_shard_step"]["median_s"]),
                 _r(c["ratio_to_raw_fully_shard"]),
                 "yes" if c["same_losses"] else "**no**",
@@ -1792,13 +1801,19 @@ def write_pipeline(rep: Report, res: dict[str, Any]) -> None:
                 for k in where["shardwise"]
                 if k != "profiled_step_s"
             )
+            own = ", ".join(
+                f"{k} {_s(v['shardwise_self_s_per_step'])}" for k, v in c["profile"].items()
+            )
+            cpus = ", ".join(
+                f"{k} {_r(v['ratio'])} ({_s(v['shardwise_cpu_s'])} vs {_s(v['raw_cpu_s'])})"
+                for k, v in cpu.items()
+            )
             rep.misses.append(
                 f"pipeline/{schedule}: shardwise / raw torch = {_r(c['ratio'])} (target "
-                f"{c['target']}); against the raw stage with fully_shard on a size-1 mesh "
-                f"{_r(c['ratio_to_raw_fully_shard'])}: the gap is FSDPStrategy sharding each "
-                "stage over a data-parallel mesh of size 1 (pp alone: nothing to shard), whose "
-                "FSDP hooks, DTensor parameters and DTensor AdamW cost per step. cProfile, "
-                f"rank 0, own time per step, shardwise vs raw: {parts}"
+                f"{c['target']}), IQR of the block ratios [{_r(iqr[0])}–{_r(iqr[1])}]; CPU "
+                f"time per step shardwise / raw: {cpus or 'not measured'}; shardwise's own "
+                f"frames per step: {own}. cProfile, rank 0, own time per step, shardwise vs "
+                f"raw: {parts}"
             )
     rep.table(
         [
@@ -1808,6 +1823,7 @@ def write_pipeline(rep: Report, res: dict[str, Any]) -> None:
             "ratio [IQR]",
             "target",
             "met",
+            "CPU ratio, rank 0 / rank 1 [IQR]",
             "raw + fully_shard (size-1 mesh)",
             "shardwise / raw + fully_shard",
             "same losses",

@@ -212,7 +212,8 @@ class FSDPStrategy(BaseStrategy):
         pipeline: how the model is split into stages when ``pp > 1``:
             ``dict(split_points=[...], schedule='1F1B', n_microbatches=..., stages_per_rank=...,
             loss_fn=...)`` (see :mod:`~shardwise.strategies.pipeline`); each stage is then
-            parallelised as a whole model is, and :attr:`pipeline` runs the train step.
+            parallelised as a whole model is (with ``pp`` alone it stays a plain module:
+            nothing to shard), and :attr:`pipeline` runs the train step.
         fault_tolerance: this launch is one replica group of FT-HSDP (:mod:`.fault_tolerance`).
         **kwargs: :class:`~shardwise.strategies.BaseStrategy` arguments.
     """
