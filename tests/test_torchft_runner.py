@@ -30,7 +30,14 @@ _LAUNCH_VARS += ("MASTER_PORT", "TORCHFT_LIGHTHOUSE", "REPLICA_GROUP_ID", "NUM_R
 def _config(
     tmp: Path, name: str, iters: int, ft: dict | None, sleep=0.0, hold=None, accumulate=1
 ) -> Path:
+    """The config of a run of ``iters`` iterations (< 0: of ``-iters`` epochs)."""
     strategy = dict(type="DDPStrategy")
+    by_epoch = iters < 0
+    loop = (
+        f"by_epoch=True, max_epochs={-iters}" if by_epoch else f"by_epoch=False, max_iters={iters}"
+    )
+    every = "step_size=1" if by_epoch else "step_size=5"
+    save = "interval=1" if by_epoch else "interval=10"
     if ft is not None:
         strategy["fault_tolerance"] = dict(timeout=10, quorum_timeout=60, connect_timeout=5, **ft)
     text = f"""
@@ -39,10 +46,10 @@ model = dict(type="FTTinyNet")
 train_dataloader = dict(dataset=dict(type="FTTinyRegression", n={N}), batch_size={BATCH},
                         sampler=dict(type="DefaultSampler", shuffle=True))
 optim_wrapper = dict(optimizer=dict(type="AdamW", lr=0.01), accumulative_counts={accumulate})
-param_scheduler = dict(type="StepLR", step_size=5, gamma=0.5, by_epoch=False)
-train_cfg = dict(by_epoch=False, max_iters={iters})
+param_scheduler = dict(type="StepLR", {every}, gamma=0.5, by_epoch={by_epoch})
+train_cfg = dict({loop})
 randomness = dict(seed=0)
-default_hooks = dict(checkpoint=dict(type="CheckpointHook", interval=10, by_epoch=False),
+default_hooks = dict(checkpoint=dict(type="CheckpointHook", {save}, by_epoch={by_epoch}),
                      logger=dict(type="LoggerHook", interval=5))
 custom_hooks = [dict(type="FTRecordHook", out={str(tmp)!r}, name={name!r}, sleep={sleep},
                      hold={hold!r})]
@@ -173,17 +180,21 @@ def test_lighthouse_refuses_min_replicas_below_one(capsys) -> None:
 
 # ---------------------------------------------------------------------- end to end
 @pytest.mark.slow
-def test_runner_without_failures_equals_a_plain_ddp_run(tmp_path) -> None:
+@pytest.mark.parametrize("by_epoch", [False, True])
+def test_runner_without_failures_equals_a_plain_ddp_run(tmp_path, by_epoch) -> None:
     """Two replica groups under the Runner read, step for step, the samples a plain DDP run of
-    two ranks reads, and give its losses; their weights end bit-identical."""
-    iters, groups = 16, 2
+    two ranks reads, and give its losses and learning rates (iteration- or epoch-based loop,
+    schedulers and checkpoints); their weights end bit-identical."""
+    groups = 2
+    iters = 2 * N // (BATCH * groups) if by_epoch else 16
+    length = -2 if by_epoch else iters  # _config's epochs
     hold = tmp_path / "hold"
     hold.touch()  # both groups start their first quorum together
     lighthouse, address = _lighthouse(tmp_path, min_replicas=1)
     try:
         ft = dict(num_replica_groups=groups, min_replicas=1, lighthouse=address)
         procs = [
-            _train_group(_config(tmp_path, f"g{g}", iters, ft, hold=str(hold)), tmp_path, g, 2)
+            _train_group(_config(tmp_path, f"g{g}", length, ft, hold=str(hold)), tmp_path, g, 2)
             for g in range(groups)
         ]
         logs = [tmp_path / f"g{g}.jsonl" for g in range(groups)]
@@ -201,7 +212,7 @@ def test_runner_without_failures_equals_a_plain_ddp_run(tmp_path) -> None:
         lighthouse.kill()
     plain_log = tmp_path / "plain.jsonl"
     plain = _shardwise(
-        ["train", str(_config(tmp_path, "plain", iters, None)), "--nproc-per-node", "2"]
+        ["train", str(_config(tmp_path, "plain", length, None)), "--nproc-per-node", "2"]
         + ["--work-dir", str(tmp_path / "wdp")],
         plain_log,
     )
@@ -224,11 +235,9 @@ def test_runner_without_failures_equals_a_plain_ddp_run(tmp_path) -> None:
     for key, value in reference["model"].items():
         torch.testing.assert_close(states[0]["model"][key], value)
     # one replica group writes the periodic checkpoints: rank 0 of the quorum
-    assert sorted(p.name for p in (tmp_path / "wd0").glob("iter_*.pth")) == [
-        "iter_10.pth",
-        "iter_16.pth",
-    ]
-    assert not list((tmp_path / "wd1").glob("iter_*.pth"))
+    saved = ["epoch_1.pth", "epoch_2.pth"] if by_epoch else ["iter_10.pth", "iter_16.pth"]
+    assert sorted(p.name for p in (tmp_path / "wd0").glob("*.pth")) == saved
+    assert not list((tmp_path / "wd1").glob("*.pth"))
 
 
 @pytest.mark.slow

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from .data import ResumableSampler
 from .loops import _TrainLoop
 
 __all__ = ["FaultTolerantTrainLoop", "QuorumBatchSampler", "ft_config_of"]
@@ -99,21 +100,54 @@ class QuorumBatchSampler:
             iteration += 1
 
 
+def _over_replica_groups(loader: DataLoader, total_parts: int, part: int) -> DataLoader:
+    """``loader``'s data, batch size and shuffling as a loader over every rank of every replica
+    group (``total_parts``; this rank's ``part`` when all are live): the one the hooks and the
+    logging see (its length is the epoch's), whose sampler's seed a resume restores. The loop
+    reads the batches of each quorum through :class:`QuorumBatchSampler`."""
+    sampler = getattr(loader, "sampler", None)
+    if loader.batch_size is None or not hasattr(sampler, "shuffle"):
+        raise ValueError(
+            "fault_tolerance reads each step's part of the data for the live replica "
+            "groups, which needs a train_dataloader with a batch_size and a "
+            "DistributedSampler (build it from a config: train_dataloader=dict(dataset="
+            f"..., batch_size=...)); got batch_size={loader.batch_size!r}, sampler "
+            f"{type(sampler).__name__}"
+        )
+    generator = torch.Generator()
+    kwargs: dict[str, Any] = dict(
+        batch_size=loader.batch_size,
+        sampler=ResumableSampler(
+            loader.dataset,
+            shuffle=bool(sampler.shuffle),
+            seed=int(sampler.seed),
+            num_replicas=total_parts,
+            rank=part,
+            generator=generator,
+        ),
+        collate_fn=loader.collate_fn,
+        num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        worker_init_fn=loader.worker_init_fn,
+        generator=generator,
+        timeout=loader.timeout,
+    )
+    if loader.num_workers > 0:
+        kwargs.update(
+            multiprocessing_context=loader.multiprocessing_context,
+            prefetch_factor=loader.prefetch_factor,
+        )
+    return DataLoader(loader.dataset, **kwargs)
+
+
 class _QuorumBatches:
     """The batch of an iteration for a quorum, read through a ``DataLoader`` over a
     :class:`QuorumBatchSampler` (workers prefetch the next iterations while the quorum stays
     the same; a new quorum or position starts a new iterator)."""
 
     def __init__(self, loader: DataLoader, total_parts: int) -> None:
-        sampler = getattr(loader, "sampler", None)
-        if loader.batch_size is None or not hasattr(sampler, "shuffle"):
-            raise ValueError(
-                "fault_tolerance reads each step's part of the data for the live replica "
-                "groups, which needs a train_dataloader with a batch_size and a "
-                "DistributedSampler (build it from a config: train_dataloader=dict(dataset="
-                f"..., batch_size=...)); got batch_size={loader.batch_size!r}, sampler "
-                f"{type(sampler).__name__}"
-            )
+        sampler = loader.sampler
         self.loader = loader
         self.sampler = QuorumBatchSampler(
             len(loader.dataset),
@@ -139,8 +173,11 @@ class _QuorumBatches:
         s = self.sampler
         s.start, s.part, s.parts, s.seed, s._perm = iteration, part, parts, seed, None
         loader = self.loader
+        generator = torch.Generator()  # the workers' seeds: from the seed, position, part
+        generator.manual_seed((seed * 1_000_003 + iteration * 7_919 + part) % (2**63 - 1))
         kwargs: dict[str, Any] = dict(
             batch_sampler=s,
+            generator=generator,
             collate_fn=loader.collate_fn,
             num_workers=loader.num_workers,
             pin_memory=loader.pin_memory,
@@ -174,20 +211,17 @@ class FaultTolerantTrainLoop(_TrainLoop):
     ) -> None:
         if val_interval is None:
             val_interval = 1 if by_epoch else 1000
+        ft = ft_config_of(runner.strategy)
+        self._dp_size = runner.strategy.data_parallel_size
+        self._dp_rank = runner.strategy.data_parallel_rank
+        total = ft["num_replica_groups"] * self._dp_size
+        dataloader = _over_replica_groups(
+            dataloader, total, ft["replica_group"] * self._dp_size + self._dp_rank
+        )
+        runner.train_dataloader = dataloader  # its length is the epoch's, as hooks expect
         super().__init__(runner, dataloader, val_begin, val_interval)
         self.by_epoch = by_epoch
-        ft = ft_config_of(runner.strategy)
-        strategy = runner.strategy
-        self._dp_size = strategy.data_parallel_size
-        self._dp_rank = strategy.data_parallel_rank
-        self._batches = _QuorumBatches(dataloader, ft["num_replica_groups"] * self._dp_size)
-        self.epoch_length = self._batches.sampler.epoch_length
-        if self.epoch_length == 0:
-            raise ValueError(
-                f"the training data ({len(dataloader.dataset)} samples) holds no whole step of "
-                f"{self._batches.sampler.window} samples (batch_size x num_replica_groups x "
-                "data-parallel ranks) with drop_last=True"
-            )
+        self._batches = _QuorumBatches(dataloader, total)
         if by_epoch:
             self._max_epochs = int(max_epochs)
             self._max_iters = self._max_epochs * self.epoch_length
