@@ -2,7 +2,9 @@
 (256 tensors, DTensors sharded on dim 0) saved on 2 and 4 gloo ranks by
 ``save_sharded_checkpoint`` with DCP's central planning (``central_plan=True``) and with each
 rank planning alone (the default), against writing the same bytes with os.write + fsync on
-every rank at once; medians of 5 after one warm-up, files under /tmp.
+every rank at once; medians of 5 after one warm-up, files under /tmp. Prints the load average
+before each world size (the machine is shared: repeat the run). Figures: bench/RESULTS.md,
+section 8.1, "Small-state save".
 
     python bench/small_save_profile.py
 """
@@ -70,6 +72,7 @@ def rank_fn(root):
 
 if __name__ == "__main__":
     for world in (2, 4):
+        print("load average", os.getloadavg())
         root = tempfile.mkdtemp(prefix="shardwise-small-save-")
         res = run_distributed(rank_fn, world, root, init_pg=True, timeout=600)
         r = res[0]

@@ -126,8 +126,12 @@ def _load_each(copies):
                 copy, skeleton, specs, placement.tensor_for, no_dist=True, check=check
             )
             check.result()
-            w = loaded["state_dict"]["w"].to_local()
-            alone[copy] = ("loaded", check.hashed, torch.equal(w, full["w"].chunk(2)[placement.rank]))
+            mine = full["w"].chunk(2)[placement.rank]
+            alone[copy] = (
+                "loaded",
+                check.hashed,
+                torch.equal(loaded["state_dict"]["w"].to_local(), mine),
+            )
         except CheckpointError as exc:
             alone[copy] = ("refused", str(exc))
         try:
