@@ -321,6 +321,17 @@ def _verify(
             f"{checkpoint} has no manifest ({manifest_path(checkpoint).name}); record one with "
             "write_manifest() or `shardwise ckpt verify --write-manifest`"
         )
+    return _compare(checkpoint, manifest, on_bytes, files, checksum)
+
+
+def _compare(
+    checkpoint: Path,
+    manifest: dict[str, Any],
+    on_bytes: OnBytes | None,
+    files: Iterable[str] | None,
+    checksum: Callable[..., str],
+) -> list[Problem]:
+    """:func:`_verify` against a manifest already read."""
     recorded_files = manifest["files"]
     if checkpoint.is_file() and checkpoint.name not in recorded_files and len(recorded_files) == 1:
         recorded_files = {checkpoint.name: next(iter(recorded_files.values()))}  # renamed
@@ -457,9 +468,9 @@ class ReadCheck:
         manifest = read_manifest(self.checkpoint)
         if manifest is None:
             raise FileNotFoundError(f"{self.checkpoint} has no manifest to check reads against")
-        self._recorded: dict[str, Any] = manifest["files"]
-        self._algorithm: str = manifest["algorithm"]
+        self._manifest = manifest
         self.hashed = 0
+        self._counting = threading.Lock()  # the caller's thread and the checking thread count
         self._problems: list[Problem] = []
         self._queued: set[str] = set()
         self._tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -482,7 +493,7 @@ class ReadCheck:
     def check_now(self, names: Iterable[str]) -> None:
         """Check the files ``names`` whole, now; raise at once if any differ."""
         names = list(names)
-        problems = _verify(self.checkpoint, self._count, names, _mapped_checksum)
+        problems = _compare(self.checkpoint, self._manifest, self._count, names, _mapped_checksum)
         self._queued.update(names)
         _raise_if_damaged(self.checkpoint, problems)
 
@@ -493,15 +504,16 @@ class ReadCheck:
         _raise_if_damaged(self.checkpoint, self._problems)
 
     def _count(self, n: int) -> None:
-        self.hashed += n
+        with self._counting:
+            self.hashed += n
 
     def _run(self) -> None:
         while (task := self._tasks.get()) is not None:
             name, ranges = task
             try:
                 if ranges is None:
-                    self._problems += _verify(
-                        self.checkpoint, self._count, [name], _mapped_checksum
+                    self._problems += _compare(
+                        self.checkpoint, self._manifest, self._count, [name], _mapped_checksum
                     )
                 else:
                     self._problems += self._check_chunks(name, ranges)

@@ -78,7 +78,6 @@ __all__ = [
     "read_sharded_meta",
     "save_sharded_checkpoint",
     "tensor_refs",
-    "verification_share",
 ]
 
 DCP_METADATA = ".metadata"
@@ -438,20 +437,6 @@ def checked_whole(names: Sequence[str], path: str | os.PathLike[str]) -> list[st
         for name in names
         if _WRITER.match(name) is None and not (fragmented and name == DCP_METADATA)
     ]
-
-
-def verification_share(names: Sequence[str], rank: int, world_size: int) -> list[str]:
-    """The files of a sharded checkpoint whose checksums ``rank`` of ``world_size`` checks
-    before loading, so that the ranks share the work: the small files every rank reads
-    (``.metadata``, ``meta.pt``), and the data files written by the ranks ``w`` with
-    ``w % world_size == rank`` (on the same number of ranks, the file each rank reads most of,
-    now in its page cache)."""
-    share = []
-    for name in names:
-        writer = _WRITER.match(name)
-        if writer is None or int(writer.group(1)) % world_size == rank:
-            share.append(name)
-    return share
 
 
 def dcp_error(
