@@ -260,7 +260,9 @@ class _RecordingWriter(dcp.FileSystemWriter):
         if plan.items:  # DCP would leave an empty data file behind, which no index names
             name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
             file = Path(self.fs.concat_path(self.path, name))
-            results, digest = write_records(file, name, plan.items, planner, self.sync_files)
+            results, digest = write_records(
+                file, name, plan.items, planner, self.sync_files, self.per_thread_copy_ahead
+            )
             self.fs.digests[file] = digest
             self.names.append(name)
         future: Future[list[Any]] = Future()
