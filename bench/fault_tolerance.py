@@ -4,8 +4,11 @@
 
 1. **Step time, FT-HSDP against plain HSDP**: 2 replica groups x 2 ranks (FSDP2 inside each,
    torchft across, a real lighthouse) against ``parallelism=dict(dp_replicate=2,
-   dp_shard=2)`` on 4 ranks, the same model, data split and steps; the median step time of
-   each (the first steps dropped), and their ratio (target <= 1.05 on CPU).
+   dp_shard=2)`` on 4 ranks, the same model, data split and steps, run ABBA-ordered (plain,
+   FT, FT, plain, twice); the median step time of each (the first steps dropped), their ratio
+   (target <= 1.05 on CPU), and where the time goes: forward + backward (FT: with the
+   cross-group all-reduce, in FSDP2's all-reduce hook), the optimizer wrapper's step (FT:
+   with the commit vote), the commit vote alone, the wait for the quorum in ``start_step``.
 2. **Time the survivors lose per injected failure**: the same FT-HSDP run, ``min_replicas=1``;
    every process of one group is killed (SIGKILL) mid-run; the survivors' time from the last
    step committed before the kill to the 5th committed after it, less 5 median steps
@@ -40,10 +43,24 @@ REPO = HERE.parents[1]
 
 SIZES = dict(
     quick=dict(
-        dim=1024, kill_dim=256, steps=30, kill_steps=40, heal_dim=2048, heal_layers=8, heal_steps=12
+        dim=1024,
+        kill_dim=256,
+        steps=30,
+        rounds=4,
+        kill_steps=40,
+        heal_dim=2048,
+        heal_layers=8,
+        heal_steps=12,
     ),
     full=dict(
-        dim=2048, kill_dim=256, steps=60, kill_steps=60, heal_dim=2048, heal_layers=8, heal_steps=16
+        dim=2048,
+        kill_dim=256,
+        steps=60,
+        rounds=4,
+        kill_steps=60,
+        heal_dim=2048,
+        heal_layers=8,
+        heal_steps=16,
     ),
 )
 BATCH = 16
@@ -92,11 +109,30 @@ def _worker(args: dict[str, Any]) -> None:
     )
     ft = strategy.fault_tolerance
 
+    phases: dict[str, float] = {}
+    if ft is not None:  # the commit vote's share of the optimizer wrapper's step
+        vote = ft.should_commit
+
+        def timed_vote() -> bool:
+            start = time.perf_counter()
+            try:
+                return vote()
+            finally:
+                phases["commit_s"] = time.perf_counter() - start
+
+        ft.should_commit = timed_vote
+
     def run_step(step: int, part: list[int]) -> float:
         g = torch.Generator().manual_seed(step)
         x = torch.randn(BATCH, dim, generator=g)
+        start = time.perf_counter()
         loss = torch.nn.functional.mse_loss(model(x[part]), x[part].sum(1, keepdim=True).sin())
-        optim_wrapper.update_params(loss)
+        optim_wrapper.backward(loss)
+        phases["fwd_bwd_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        optim_wrapper.step()
+        optim_wrapper.zero_grad()
+        phases["optim_s"] = time.perf_counter() - start
         time.sleep(args.get("sleep", 0.0))
         return loss.item()
 
@@ -107,7 +143,9 @@ def _worker(args: dict[str, Any]) -> None:
         for step in range(steps):
             start = time.perf_counter()
             run_step(step, list(range(rank, BATCH, world)))
-            rec = dict(step=step, committed=True, s=time.perf_counter() - start, time=time.time())
+            rec = dict(
+                step=step, committed=True, s=time.perf_counter() - start, time=time.time(), **phases
+            )
             log.write(json.dumps(rec) + "\n")
     else:
         while True:
@@ -126,6 +164,7 @@ def _worker(args: dict[str, Any]) -> None:
                 healed=len(ft.heal_steps) > healed,
                 parts=ft.num_replicas,
                 time=time.time(),
+                **phases,
             )
             log.write(json.dumps(rec) + "\n")
     if args.get("disk"):  # the disk resume of the same state, in the same process
@@ -147,6 +186,9 @@ def _worker(args: dict[str, Any]) -> None:
     log.write(json.dumps(dict(done=True, pid=os.getpid(), state_numbers=numbers)) + "\n")
     log.close()
     if ft is not None:
+        # the group's manager server lives in its rank 0: let every rank have its answer to
+        # the last quorum before rank 0 stops it
+        torch.distributed.barrier()
         ft.shutdown()
     os._exit(0)
 
@@ -238,14 +280,20 @@ def _hsdp_groups(tmp: Path, address: str, min_replicas: int, **extra: Any):
     return args, procs
 
 
-def _median_step(recs: list[dict[str, Any]]) -> float:
-    times = [r["s"] for r in recs if "step" in r and r["committed"]][WARMUP:]
+def _median_step(recs: list[dict[str, Any]], key: str = "s") -> float:
+    times = [r.get(key, 0.0) for r in recs if "step" in r and r["committed"]][WARMUP:]
     return statistics.median(times)
 
 
-def step_time(tmp: Path, size: dict[str, Any]) -> dict[str, Any]:
-    """Median step time of plain HSDP (2x2 mesh, 4 ranks) and of FT-HSDP (2 groups x 2)."""
-    common = dict(dim=size["dim"], steps=size["steps"])
+#: Where a step's time goes: forward + backward (FT-HSDP: with the cross-group all-reduce,
+#: in FSDP's hook), the optimizer wrapper's step (FT: with the commit vote), the vote alone,
+#: and the wait for the quorum in start_step.
+PHASES = ("fwd_bwd_s", "optim_s", "commit_s", "quorum_s")
+
+
+def _plain_hsdp(tmp: Path, common: dict[str, Any]) -> list[dict[str, Any]]:
+    """One run of plain HSDP (2x2 mesh, 4 ranks); its ranks' args (their logs)."""
+    tmp.mkdir()
     plain = [
         dict(
             parallelism=dict(dp_replicate=2, dp_shard=2),
@@ -258,21 +306,54 @@ def step_time(tmp: Path, size: dict[str, Any]) -> dict[str, Any]:
     port = _free_port()
     procs = [_spawn(a, r, 4, port) for r, a in enumerate(plain)]
     _wait(procs, plain, 300)
+    return plain
+
+
+def _ft_hsdp(tmp: Path, common: dict[str, Any]) -> list[dict[str, Any]]:
+    """One run of FT-HSDP (2 groups x 2 ranks, a lighthouse); its ranks' args."""
+    tmp.mkdir()
     server, address = _lighthouse(2)
     try:
-        (tmp / "ft").mkdir()
-        ft_args, procs = _hsdp_groups(tmp / "ft", address, 2, **common)
+        ft_args, procs = _hsdp_groups(tmp, address, 2, **common)
         _wait(procs, ft_args, 300)
     finally:
         server.shutdown()
-    plain_s = statistics.median(_median_step(_records(a["log"])) for a in plain)
-    ft_s = statistics.median(_median_step(_records(a["log"])) for a in ft_args)
+    return ft_args
+
+
+def step_time(tmp: Path, size: dict[str, Any]) -> dict[str, Any]:
+    """Median step time of plain HSDP (2x2 mesh, 4 ranks) and of FT-HSDP (2 groups x 2),
+    run ABBA-ordered (plain, FT, FT, plain, ...: a load that drifts falls on both alike); the
+    step time of each side is the median over its runs' ranks' medians."""
+    common = dict(dim=size["dim"], steps=size["steps"])
+    runs: dict[str, list[list[dict[str, Any]]]] = {"plain": [], "ft": []}
+    order = ["plain", "ft", "ft", "plain"] * (size["rounds"] // 2)
+    for i, side in enumerate(order):
+        run = _plain_hsdp if side == "plain" else _ft_hsdp
+        runs[side].append(run(tmp / f"{side}{i}", common))
+
+    def median(side: str, key: str = "s") -> float:
+        return statistics.median(
+            _median_step(_records(a["log"]), key) for args in runs[side] for a in args
+        )
+
+    plain_s, ft_s = median("plain"), median("ft")
+    per_run = {
+        side: [
+            statistics.median(_median_step(_records(a["log"])) for a in args) for args in runs[side]
+        ]
+        for side in runs
+    }
     return dict(
         plain_hsdp_step_s=plain_s,
         ft_hsdp_step_s=ft_s,
+        **{f"{side}_{key}": median(side, key) for side in runs for key in PHASES},
         overhead_s=ft_s - plain_s,
         ratio=ft_s / plain_s,
         target=STEP_TARGET,
+        order=order,
+        plain_runs_s=per_run["plain"],
+        ft_runs_s=per_run["ft"],
         steps=size["steps"],
         warmup=WARMUP,
         dim=size["dim"],

@@ -161,15 +161,41 @@ def _clone(obj: Any) -> Any:
 
 
 class _QuorumRecorder:
-    """Delegates to torchft's ManagerClient and keeps the last quorum it returned."""
+    """Delegates to torchft's ManagerClient and keeps the last quorum it returned. With
+    ``vote_over_pg``, the commit vote of the replica group's ranks is taken over the group's
+    own (default, gloo) process group, one all-reduce of three numbers (~0.2 ms), instead of
+    the manager server's RPC (~3 ms on this CPU): the same agreement (every rank gets False
+    when one votes False; a rank that does not vote within ``timeout`` fails the others'
+    vote), and torchft's ``should_commit`` keeps its bookkeeping (step, retries)."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, vote_over_pg: bool = False) -> None:
         self._client = client
+        self._vote_over_pg = vote_over_pg
         self.last: Any = None
 
     def _quorum(self, *args: Any, **kwargs: Any) -> Any:
         self.last = self._client._quorum(*args, **kwargs)
         return self.last
+
+    def should_commit(
+        self, group_rank: int, step: int, should_commit: bool, timeout: timedelta
+    ) -> bool:
+        if not self._vote_over_pg:
+            return self._client.should_commit(group_rank, step, should_commit, timeout=timeout)
+        import torch.distributed as tdist
+
+        if not tdist.is_initialized() or tdist.get_world_size() == 1:
+            return bool(should_commit)  # a replica group of one rank: its own vote
+
+        vote = torch.tensor([int(bool(should_commit)), step, -step], dtype=torch.int64)
+        work = tdist.all_reduce(vote, op=tdist.ReduceOp.MIN, async_op=True)
+        work.wait(timeout)
+        if int(vote[1]) != -int(vote[2]):
+            raise RuntimeError(
+                f"the ranks of the replica group vote on different steps "
+                f"({int(vote[1])}..{-int(vote[2])})"
+            )
+        return bool(vote[0])
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -279,7 +305,7 @@ class FaultTolerance:
                 f"({_first_line(e)}); start `torchft_lighthouse` there or fix "
                 "fault_tolerance.lighthouse"
             ) from e
-        self._recorder = _QuorumRecorder(self.manager._client)
+        self._recorder = _QuorumRecorder(self.manager._client, self._vote_over_pg())
         self.manager._client = self._recorder
         self._checkpointer: Any = None
         self._params: Any = None
@@ -377,6 +403,22 @@ class FaultTolerance:
     fsdp_hook = True
     #: Start the next step's quorum when a step's commit vote ends (else in start_step).
     early_quorum = True
+    #: Take the commit vote over the replica group's own gloo process group (one rank: none).
+    commit_over_pg = True
+
+    def _vote_over_pg(self) -> bool:
+        """Whether the commit vote is taken here rather than by torchft's manager server: a
+        group of one rank (its own vote), or of several ranks that form the default process
+        group, with gloo (CPU tensors) in it."""
+        import torch.distributed as tdist
+
+        if not self.commit_over_pg or self.group_world_size == 1:
+            return self.commit_over_pg
+        return (
+            tdist.is_initialized()
+            and tdist.get_world_size() == self.group_world_size
+            and "gloo" in str(tdist.get_backend())
+        )
 
     def _install_reduce_hooks(self, model: nn.Module) -> set[int]:
         """Set :meth:`reduce_hook` on every ``fully_shard``-ed module of ``model``; the ids
