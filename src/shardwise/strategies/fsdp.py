@@ -558,7 +558,6 @@ class FSDPStrategy(BaseStrategy):
         """Point a pre-built scheduler at the rebuilt optimizer (kept, with its state)."""
         return self._rebinder.adopt(scheduler)
 
-
     # ------------------------------------------------------------------ state dicts
     def _state_dict_options(self, **overrides: Any) -> StateDictOptions:
         """Options of :meth:`model_state_dict` and :meth:`optim_state_dict` for the format."""

@@ -683,9 +683,7 @@ def _from_rank0(state: Any, device: torch.device) -> Any:
     """``state`` with rank 0's tensors on every rank when some rank holds placeholders (a full
     checkpoint is read by rank 0 only; the others get meta tensors of its shapes): every
     stage needs its own part of it. Unchanged otherwise. A collective of the world group."""
-    placeholders = any(
-        isinstance(t, torch.Tensor) and t.is_meta for t in pytree_leaves(state)
-    )
+    placeholders = any(isinstance(t, torch.Tensor) and t.is_meta for t in pytree_leaves(state))
     flag = torch.tensor([int(placeholders)], device=device)
     torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MAX)
     if not flag.item():
