@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from shardwise.strategies import FSDPStrategy, SingleDeviceStrategy, resolve_degrees
 from shardwise.strategies.pipeline import (
     check_microbatches,
+    check_split_backward,
     parse_pipeline,
     plan_pipeline,
     split_model,
@@ -223,13 +224,16 @@ def test_unknown_schedule_lists_the_known_ones():
 
 
 @pytest.mark.parametrize("schedule", ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"])
-def test_zero_bubble_schedules_are_refused_naming_the_ones_that_work(schedule):
+def test_zero_bubble_schedules_are_refused_on_sharded_stages_naming_why_and_the_others(schedule):
+    config = parse_pipeline(dict(schedule=schedule))
+    check_split_backward(config, [])  # plain stages (pp alone) run them
     with pytest.raises(
         ValueError,
-        match=r"splits the backward .* use one of \['GPipe', '1F1B', "
-        r"'Interleaved1F1B', 'LoopedBFS'\]",
+        match=r"splits the backward .* sharded because of dp_shard=2: use one of \['GPipe', "
+        r"'1F1B', 'Interleaved1F1B', 'LoopedBFS'\], or run the zero-bubble schedules with pp alone",
     ):
-        parse_pipeline(dict(schedule=schedule))
+        check_split_backward(config, ["dp_shard=2"])
+    check_split_backward(parse_pipeline(dict(schedule="1F1B")), ["dp_shard=2"])
 
 
 def test_a_split_point_naming_no_module_names_the_nearest():
@@ -274,8 +278,13 @@ def test_pipeline_saves_the_sharded_format_only():
         FSDPStrategy._check_kwargs(kwargs, world_size=2, local_size=2)
 
 
-def _prepare_with(work_dir, pipeline):
-    strategy = FSDPStrategy(work_dir=work_dir, parallelism=dict(pp=2), pipeline=pipeline)
+def _prepare_with(work_dir, pipeline, **kwargs):
+    try:
+        strategy = FSDPStrategy(
+            work_dir=work_dir, parallelism=dict(pp=2), pipeline=pipeline, **kwargs
+        )
+    except ValueError as exc:
+        return str(exc), None
     try:
         strategy.prepare(PipeTransformer(), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)))
     except ValueError as exc:
@@ -310,6 +319,17 @@ def test_bad_split_points_are_refused_on_every_rank_before_anything_is_split(tmp
     messages = {message for message, _ in results}
     assert len(messages) == 1 and "'blocks.7' names no module" in messages.pop()
     assert [mesh for _, mesh in results] == [None, None]  # refused before the mesh was built
+
+
+def test_a_zero_bubble_schedule_on_stages_kept_sharded_is_refused_on_every_rank(tmp_path):
+    mixed = dict(mixed_precision=dict(param_dtype="bfloat16"))
+    results = run_distributed(
+        _prepare_with, 2, str(tmp_path), dict(schedule="DualPipeV"), model_wrapper=mixed
+    )
+    messages = {message for message, _ in results}
+    assert len(messages) == 1
+    assert "sharded because of model_wrapper's mixed_precision" in messages.pop()
+    assert [mesh for _, mesh in results] == [None, None]  # refused at construction
 
 
 # ----------------------------------------------------------------------------- parity
@@ -357,6 +377,30 @@ def test_two_stages_per_rank_match_one_device(tmp_path, schedule):
     assert [r[4] for r in results] == [(0, 2), (1, 3)]
     assert all(r[5] == ["plain"] for r in results)
     assert "blocks.2.qkv.weight" in results[0][3] and "pos" in results[0][3]
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        "InterleavedZeroBubble",
+        pytest.param("ZBVZeroBubble", marks=pytest.mark.slow),
+        pytest.param("DualPipeV", marks=pytest.mark.slow),
+    ],
+)
+def test_zero_bubble_schedules_on_plain_stages_match_one_device(tmp_path, schedule):
+    results = run_distributed(
+        _train_pipelined,
+        2,
+        str(tmp_path),
+        dict(pp=2),
+        dict(schedule=schedule, stages_per_rank=2, n_microbatches=4),
+        layers=4,
+        timeout=240,
+    )
+    _check_parity(results, _reference(str(tmp_path), layers=4))
+    v_shaped = schedule != "InterleavedZeroBubble"
+    assert [r[4] for r in results] == ([(0, 3), (1, 2)] if v_shaped else [(0, 2), (1, 3)])
+    assert all(r[5] == ["plain"] for r in results)
 
 
 @pytest.mark.slow

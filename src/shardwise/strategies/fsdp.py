@@ -77,6 +77,7 @@ from .pipeline import (
     PipelineShardedFormat,
     StagePart,
     adopt_stage_parameters,
+    check_split_backward,
     parse_pipeline,
     plan_pipeline,
     split_model,
@@ -252,6 +253,8 @@ class FSDPStrategy(BaseStrategy):
         self._ft_cfg, self.fault_tolerance = _check_ft(self.degrees, fault_tolerance), None
         if pipeline is not None and self.degrees.pp == 1:
             self.logger.info("pipeline is not applied: parallelism has pp=1")
+        if self.degrees.pp > 1:
+            check_split_backward(self._pipeline_cfg, self._stage_sharding())
         ignored = self._fsdp_config.ignored_fsdp1_keys
         if ignored:
             self.logger.info(
@@ -420,7 +423,7 @@ class FSDPStrategy(BaseStrategy):
         assert self.mesh is not None
         pp_rank = self.mesh.get_local_rank("pp")
         part, views = split_model(model, plan, plan.stage_ids(pp_rank))
-        shard = self._shards_stages(tp)
+        shard = self._shards_stages()
         stages = []
         for view in views:
             names = {name for name, _ in view.named_modules()}
@@ -432,31 +435,31 @@ class FSDPStrategy(BaseStrategy):
         self.pipeline = Pipeline(stages, plan, pp_rank, group, self.device, loss_fn)
         return stages[0] if len(stages) == 1 else part
 
-    def _shards_stages(self, tp: Any) -> bool:
-        """Whether pipeline stages go through ``fully_shard``. Not with pp alone (no tensor
-        parallelism, a data-parallel degree of 1): there is nothing to shard, and FSDP's hooks,
-        DTensor parameters and DTensor optimizer steps would only cost time, so each stage stays
-        a plain module (torchtitan applies no FSDP at a data-parallel degree of 1). A custom
-        sharder, or ``model_wrapper``'s mixed precision, CPU offload or buffer dtype (what only
+    def _stage_sharding(self) -> list[str]:
+        """Why pipeline stages go through ``fully_shard`` (empty: they stay plain modules). Not
+        with pp alone (no tensor parallelism, a data-parallel degree of 1): there is nothing to
+        shard, and FSDP's hooks, DTensor parameters and DTensor optimizer steps would only cost
+        time (torchtitan applies no FSDP at a data-parallel degree of 1). A custom sharder, or
+        ``model_wrapper``'s mixed precision, CPU offload or buffer dtype (what only
         ``fully_shard`` carries out), keep it over the mesh of size 1."""
-        assert self.mesh is not None
-        if tp is not None or data_parallel_mesh(self.mesh, self.degrees).size() > 1:
-            return True
-        kept = _fsdp_only_settings(self._fsdp_config)
+        degrees = {name: getattr(self.degrees, name) for name in ("dp_replicate", "dp_shard", "tp")}
+        reasons = [f"{name}={degree}" for name, degree in degrees.items() if degree > 1]
+        reasons += [f"model_wrapper's {s}" for s in _fsdp_only_settings(self._fsdp_config)]
         if self._sharder_cfg is not None:
-            kept.append(f"the custom sharder {self._sharder_cfg.get('type')!r}")
-        if kept:
+            reasons.append(f"the custom sharder {self._sharder_cfg.get('type')!r}")
+        return reasons
+
+    def _shards_stages(self) -> bool:
+        """Whether pipeline stages go through ``fully_shard`` (:meth:`_stage_sharding`), logged."""
+        reasons = self._stage_sharding()
+        if reasons:
+            self.logger.info("pipeline stages are fully_shard-ed for %s", ", ".join(reasons))
+        else:
             self.logger.info(
-                "pipeline stages with a data-parallel degree of 1 are still fully_shard-ed over "
-                "their mesh of size 1, for model_wrapper's %s",
-                ", ".join(kept),
+                "pipeline stages with a data-parallel degree of 1 stay plain modules (no "
+                "fully_shard: nothing to shard)"
             )
-            return True
-        self.logger.info(
-            "pipeline stages with a data-parallel degree of 1 stay plain modules (no fully_shard:"
-            " nothing to shard)"
-        )
-        return False
+        return bool(reasons)
 
     def _parallelize(
         self,

@@ -18,9 +18,10 @@ stages is the unsplit model's), and torch's ``torch.distributed.pipelining`` run
   else the model's own ``pipeline_split_points`` attribute, else the layers of the model's
   longest ``ModuleList``/``ModuleDict`` split evenly.
 - ``schedule``: a name of torch's (:data:`SCHEDULE_NAMES`, case-insensitive), default
-  ``'1F1B'``: ``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``LoopedBFS``. The zero-bubble ones
-  (``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``) are refused for now: their
-  split backward gives wrong gradients on ``fully_shard``-ed stages (torch 2.13).
+  ``'1F1B'``: ``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``LoopedBFS``, and the zero-bubble
+  ones (``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``) where the stages stay plain
+  modules (pp alone): on ``fully_shard``-ed stages their split backward gives wrong gradients
+  (torch 2.13), so there they are refused (:func:`check_split_backward`).
 - ``n_microbatches``: how many microbatches a batch is cut into (default: the number of
   stages); it must divide the batch.
 - ``stages_per_rank``: 1 for ``GPipe``/``1F1B``, default 2 for the multi-stage schedules
@@ -129,6 +130,20 @@ def _schedule_name(value: Any) -> str:
     return names[value.lower()]
 
 
+def check_split_backward(config: PipelineConfig, sharded_because: Sequence[str]) -> None:
+    """Refuse a zero-bubble schedule (split backward) when the stages are ``fully_shard``-ed
+    (``sharded_because``: why; empty when they stay plain modules)."""
+    if config.schedule in _SPLIT_BACKWARD and sharded_because:
+        supported = [n for n in SCHEDULE_NAMES if n not in _SPLIT_BACKWARD]
+        raise ValueError(
+            f"pipeline schedule {config.schedule!r} splits the backward into input and weight "
+            "passes, whose gradients on fully_shard-ed stages differ from one device's (torch "
+            f"{torch.__version__.split('+')[0]}); the stages are sharded because of "
+            f"{', '.join(sharded_because)}: use one of {supported}, or run the zero-bubble "
+            "schedules with pp alone (no data or tensor parallelism, no FSDP-only settings)"
+        )
+
+
 def _positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"pipeline {name} must be a positive int, got {value!r}; e.g. {_EXAMPLE}")
@@ -150,13 +165,6 @@ def parse_pipeline(value: Any) -> PipelineConfig:
     if unknown:
         raise ValueError(f"pipeline has unknown keys {unknown}; accepted: {list(_KEYS)}")
     schedule = _schedule_name(value.get("schedule", "1F1B"))
-    if schedule in _SPLIT_BACKWARD:
-        supported = [n for n in SCHEDULE_NAMES if n not in _SPLIT_BACKWARD]
-        raise ValueError(
-            f"pipeline schedule {schedule!r} splits the backward into input and weight passes, "
-            "whose gradients on fully_shard-ed stages differ from one device's (torch "
-            f"{torch.__version__.split('+')[0]}); use one of {supported}"
-        )
     points = value.get("split_points")
     if points is not None:
         if isinstance(points, str) or not all(isinstance(p, str) for p in points):
