@@ -404,19 +404,27 @@ def test_zero_bubble_schedules_on_plain_stages_match_one_device(tmp_path, schedu
 
 
 @pytest.mark.slow
-def test_two_stages_times_two_shards_match_one_device(tmp_path):
+@pytest.mark.parametrize(
+    "parallelism, meshes",
+    [
+        (dict(pp=2, dp_shard=2), ["('dp_shard',)"]),
+        (dict(pp=2, dp_replicate=2, dp_shard=1), ["('dp_replicate', 'dp_shard')"]),  # HSDP
+    ],
+    ids=["fsdp", "hsdp"],
+)
+def test_two_stages_times_two_data_parallel_ranks_match_one_device(tmp_path, parallelism, meshes):
     results = run_distributed(
         _train_pipelined,
         4,
         str(tmp_path),
-        dict(pp=2, dp_shard=2),
+        parallelism,
         dict(schedule="1F1B", n_microbatches=2),
         timeout=300,
     )
     _check_parity(results, _reference(str(tmp_path)))
     stages = [r[4] for r in results]
-    assert stages == [(0,), (0,), (1,), (1,)]  # pp outermost: ranks 0, 1 shard stage 0
-    assert all(r[5] == ["('dp_shard',)"] for r in results)
+    assert stages == [(0,), (0,), (1,), (1,)]  # pp outermost: ranks 0, 1 hold stage 0
+    assert all(r[5] == meshes for r in results)
 
 
 @pytest.mark.slow
