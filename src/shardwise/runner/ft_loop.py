@@ -40,7 +40,7 @@ __all__ = ["FaultTolerantTrainLoop", "QuorumBatchSampler", "ft_config_of"]
 def ft_config_of(strategy: Any) -> Any:
     """The strategy's checked ``fault_tolerance`` config, None without one (known before
     ``prepare``, when the loop is built)."""
-    return getattr(strategy, "_ft_cfg", None)
+    return getattr(strategy, "fault_tolerance_cfg", None)
 
 
 class QuorumBatchSampler:

@@ -101,7 +101,10 @@ class DDPStrategy(BaseStrategy):
     ) -> None:
         self._model_wrapper_cfg = _parse_own_args(model_wrapper, sync_bn)
         self._sync_bn = sync_bn
-        self._ft_cfg = None if fault_tolerance is None else check_fault_tolerance(fault_tolerance)
+        #: The checked ``fault_tolerance`` config (None without one), known before ``prepare``.
+        self.fault_tolerance_cfg = (
+            None if fault_tolerance is None else check_fault_tolerance(fault_tolerance)
+        )
         #: The replica group's fault tolerance (None without ``fault_tolerance``).
         self.fault_tolerance: FaultTolerance | None = None
         super().__init__(**kwargs)
@@ -122,8 +125,8 @@ class DDPStrategy(BaseStrategy):
         model = model.to(self.device)
         if self._sync_bn == "torch":
             model = convert_sync_batchnorm(model, self.device.type)
-        if self._ft_cfg is not None:
-            self.fault_tolerance = FaultTolerance(self._ft_cfg, logger=self.logger)
+        if self.fault_tolerance_cfg is not None:
+            self.fault_tolerance = FaultTolerance(self.fault_tolerance_cfg, logger=self.logger)
             return self.fault_tolerance.wrap_ddp(
                 self._model_wrapper_cfg, model, MODEL_WRAPPERS.build
             )

@@ -250,7 +250,9 @@ class FSDPStrategy(BaseStrategy):
         if self._tp_plan is not None and self.degrees.tp == 1:
             self.logger.info("tp_plan is not applied: parallelism has tp=1")
         _check_pipeline_format(self.degrees, self._state_dict.format.name)
-        self._ft_cfg, self.fault_tolerance = _check_ft(self.degrees, fault_tolerance), None
+        #: The checked ``fault_tolerance`` config (None without one), known before ``prepare``.
+        self.fault_tolerance_cfg = _check_ft(self.degrees, fault_tolerance)
+        self.fault_tolerance: FaultTolerance | None = None
         if pipeline is not None and self.degrees.pp == 1:
             self.logger.info("pipeline is not applied: parallelism has pp=1")
         if self.degrees.pp > 1:
@@ -742,7 +744,7 @@ def _attach_ft(strategy: FSDPStrategy) -> None:
     """Start this replica group's torchft Manager (its ranks FSDP2 over the group's own
     mesh) once prepared; heal through the strategy's Checkpointer, each rank its own shards,
     and average the gradient shards across the live replica groups before each step."""
-    cfg = strategy._ft_cfg
+    cfg = strategy.fault_tolerance_cfg
     if cfg is not None and strategy.fault_tolerance is None:
         strategy.fault_tolerance = FaultTolerance(cfg, logger=strategy.logger, multi_rank=True)
     if strategy.fault_tolerance is not None:
