@@ -26,10 +26,21 @@ Nothing is skipped or repeated when a group is lost: every step's global batch i
 among the groups live in that step's quorum (the step in progress when a group dies is
 redone by the survivors, since its commit fails).
 
+The step's cost over plain data parallelism is kept small: the commit vote of a group's ranks
+is one all-reduce over the group's own process group (torchft's ``should_commit`` keeps its
+bookkeeping), and the next step's quorum is requested as soon as a step's vote ends, so that
+the lighthouse round trip runs during the optimizer step and whatever the loop does up to
+the next :meth:`FaultTolerance.start_step`, which awaits it. The data of a step still follows
+that step's own quorum, and a healing peer still receives the state as it is at
+``start_step`` (the copy waits on torchft's state-dict lock until then); a loop that spends
+longer than ``timeout`` between an optimizer step and the next ``start_step`` (a long
+validation) while a peer joins fails that step's heal and commit, retried at the next step.
+
 FT-HSDP: ``FSDPStrategy(parallelism=dict(dp_shard=2), fault_tolerance=dict(...))`` makes each
 replica group FSDP2 over its own ranks (its own launch and mesh); FSDP reduce-scatters the
-gradients inside the group, then each rank all-reduces its gradient shards with the same rank
-of the other live groups through torchft's process group, before the optimizer step. torchft
+gradients inside the group, and FSDP2's all-reduce hook averages each module's gradient shards
+(the reduce-scatter's flat output) with the same rank of the other live groups through
+torchft's process group, during the backward. torchft
 heals each rank of a group from the same rank of a peer group, independently, so the heal
 moves each rank's own part of the state without any collective: the Checkpointer's
 :meth:`~shardwise.checkpoint.checkpointer.Checkpointer.local_state_dict` (DTensor shards as
