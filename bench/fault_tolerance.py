@@ -208,10 +208,7 @@ def _worker(args: dict[str, Any]) -> None:
     log.write(json.dumps(dict(done=True, pid=os.getpid(), state_numbers=numbers)) + "\n")
     log.close()
     if ft is not None:
-        # the group's manager server lives in its rank 0: let every rank have its answer to
-        # the last quorum before rank 0 stops it
-        torch.distributed.barrier()
-        ft.shutdown()
+        ft.shutdown(wait_for_group=True)
     os._exit(0)
 
 

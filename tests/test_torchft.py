@@ -109,7 +109,7 @@ def _worker(args: dict) -> None:
     done = dict(done=True, pid=os.getpid())
     if ft is not None:
         done.update(heal_steps=ft.heal_steps, failed_commits=ft.failed_commits)
-        ft.shutdown()
+        ft.shutdown(wait_for_group=True)
     log.write(json.dumps(done) + "\n")
     log.close()
     os._exit(0)  # torchft's servers hold threads; the state is written

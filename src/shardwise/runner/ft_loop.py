@@ -264,9 +264,12 @@ class FaultTolerantTrainLoop(_TrainLoop):
     def run(self) -> Any:
         ft = self.runner.strategy.fault_tolerance
         try:
-            return self._run(ft)
-        finally:  # torchft's servers and threads would keep the process alive
+            model = self._run(ft)
+        except BaseException:  # torchft's servers and threads would keep the process alive
             ft.shutdown()
+            raise
+        ft.shutdown(wait_for_group=True)
+        return model
 
     def _run(self, ft: Any) -> Any:
         runner = self.runner

@@ -650,8 +650,13 @@ class FaultTolerance:
         part = self.replica_rank * self.group_world_size + self.group_rank
         return list(range(part, length, parts))
 
-    def shutdown(self) -> None:
-        """Stop the manager's servers (the lighthouse goes on)."""
+    def shutdown(self, wait_for_group: bool = False) -> None:
+        """Stop the manager's servers (the lighthouse goes on). ``wait_for_group`` (at a normal
+        end, never after an error): first a barrier of the replica group, since the group's
+        manager server lives in its rank 0 and the other ranks must have their answer to the
+        last quorum before it stops."""
+        if wait_for_group and self.group_world_size > 1:
+            dist.barrier()  # a no-op without a process group
         self.manager.allow_state_dict_read()
         self.manager.shutdown(wait=False)
 
