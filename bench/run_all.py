@@ -890,11 +890,60 @@ def _scale_targets(rep: Report, res: dict[str, Any]) -> None:
             f"{name} ≤ {t['target']}: {_r(row[t['figure']])} ({'met' if met else '**no**'})"
         )
         if not met:
+            reason = t.get("reason", "")
+            if t["figure"] == "save_ratio" and t["size"] == "10M":
+                reason = _scale_small_save_note(rep, reason, t["world_size"])
             rep.misses.append(
-                f"Scale, {name}: {_r(row[t['figure']])} > {t['target']}. {t.get('reason', '')}"
+                f"Scale, {name}: {_r(row[t['figure']])} > {t['target']}. {reason}".rstrip()
             )
     if lines:
         rep.add("Targets (issue 20): " + "; ".join(lines) + ".", "")
+
+
+#: The end of the 10M save rows' recorded reason (bench/scale.py, 2026-11-25), written
+#: before checkpoint/records.py existed: replaced by _scale_small_save_note.
+_SCALE_STALE_CLOSING = "Closing it needs DCP records written without a torch.save archive"
+
+
+def _scale_small_save_note(rep: Report, reason: str, world_size: int) -> str:
+    """The 10M save rows' reason, its closing remark brought up to date: those rows predate
+    ``checkpoint/records.py``; the small-state save (bench/small_save.py, section 8.1)
+    measures the save with it."""
+    cut = reason.find(_SCALE_STALE_CLOSING)
+    if cut >= 0:
+        reason = reason[:cut].rstrip()
+    cases = {
+        w: c
+        for w, c in rep.sections.get("small_save", {}).get("cases", {}).items()
+        if c.get("status") == "ok"
+    }
+
+    def figure(w: str) -> str:
+        c = cases[w]
+        return (
+            f"{c['alone_over_raw']['median']:.2f}x on {w} ranks "
+            f"({'met' if c['meets_target'] else 'not met'})"
+        )
+
+    if reason.startswith("As for"):  # the 4-rank row: the 2-rank row's note says the rest
+        note = "Like the 2-rank row, it predates `checkpoint/records.py`"
+        if str(world_size) in cases:
+            note += f"; section 8.1's small-state save with it: {figure(str(world_size))}"
+        return f"{reason} {note}."
+    note = (
+        "These 10M rows (bench/scale.py, 2026-11-25) predate `checkpoint/records.py`, which "
+        "now writes each DCP record from a template of its kind's `torch.save` bytes instead "
+        "of a `torch.save` archive per tensor; bench/scale.py has not been re-run since."
+    )
+    if cases:
+        note += (
+            " The save with it is measured by the small-state save of section 8.1 "
+            "(bench/small_save.py, a ~10M AdamW state, save / plain write, median of runs): "
+            f"{', '.join(figure(w) for w in cases)}, against the same 2x target."
+        )
+    else:
+        note += " The small-state save of section 8.1 (bench/small_save.py) measures it."
+    return f"{reason} {note}" if reason else note
 
 
 def write_checkpoint_engine(rep: Report, res: dict[str, Any]) -> None:
@@ -2179,43 +2228,92 @@ def _pipeline_reading(res: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _ft_blocks(st: dict[str, Any]) -> list[float]:
+    """FT / plain per ABBA block (plain, FT, FT, plain) of one step-time run: the mean of the
+    block's FT launches (each the median over its ranks) over the mean of its plain ones."""
+    order = st.get("order") or []
+    runs = {"plain": st.get("plain_runs_s"), "ft": st.get("ft_runs_s")}
+    if not runs["plain"] or not runs["ft"]:
+        return []
+    seen = {"plain": 0, "ft": 0}
+    blocks = []
+    for start in range(0, len(order) - 3, 4):
+        times: dict[str, list[float]] = {"plain": [], "ft": []}
+        for side in order[start : start + 4]:
+            times[side].append(runs[side][seen[side]])
+            seen[side] += 1
+        if times["plain"] and times["ft"]:
+            ft, plain = times["ft"], times["plain"]
+            blocks.append((sum(ft) / len(ft)) / (sum(plain) / len(plain)))
+    return blocks
+
+
+def _ms(x: float | None) -> str:
+    """Milliseconds, no unit (two decimals under 1 ms)."""
+    if x is None:
+        return "–"
+    return f"{x * 1000:.2f}" if abs(x) < 1e-3 else f"{x * 1000:.1f}"
+
+
+def _dms(x: float) -> str:
+    """A signed difference in milliseconds, no unit."""
+    return f"{x * 1000:+.2f}" if abs(x) < 1e-3 else f"{x * 1000:+.1f}"
+
+
 def write_fault_tolerance(rep: Report, res: dict[str, Any]) -> None:
     rep.add("## 10. Replica-level fault tolerance on torchft (bench/fault_tolerance.py)", "")
     if rep.section_failed("fault_tolerance", res):
         return
+    st, fl, hl = res.get("step_time", {}), res.get("failure", {}), res.get("heal", {})
+    order = st.get("order") or []
+    abba = ""
+    if order:
+        abba = (
+            " The step-time case is ABBA-ordered ("
+            + ", ".join("FT" if o == "ft" else o for o in order[:4])
+            + ({1: "", 2: ", twice"}.get(len(order) // 4, f", {len(order) // 4} times"))
+            + f": {len(order)} launches of {st.get('steps')} steps, the first "
+            f"{st.get('warmup')} dropped); a side's step is the median over its launches' "
+            "ranks' median steps."
+        )
     rep.add(
         "FT-HSDP: 2 replica groups x 2 ranks, FSDP2 inside each, torchft's Manager across (a "
-        "real lighthouse, a synchronous quorum every step); plain HSDP: `parallelism=dict("
+        "real lighthouse, a quorum every step); plain HSDP: `parallelism=dict("
         "dp_replicate=2, dp_shard=2)` on 4 ranks; the same MLP, data split and steps. Measured "
         f"by `python bench/fault_tolerance.py --{res.get('mode', 'quick')}` (section wall "
-        f"{res.get('wall_s')} s; 4 ranks on this machine's cores, both sides alike).",
+        f"{res.get('wall_s')} s; load average at its end {res.get('loadavg_at_end')}; 4 ranks "
+        f"on this machine's cores, both sides alike).{abba}",
         "",
     )
     rows = []
-    st, fl, hl = res.get("step_time", {}), res.get("failure", {}), res.get("heal", {})
     for name, case in (("step time", st), ("lost per failure", fl), ("heal", hl)):
         if case.get("status") != "ok":
             rep.problems.append(f"fault_tolerance/{name}: {case.get('status')}")
             rep.add(f"- {name}: {case.get('status')}: {case.get('error')}", "")
+    blocks = _ft_blocks(st) if st.get("status") == "ok" else []
     if st.get("status") == "ok":
         met = st["ratio"] <= st["target"]
+        launches = len(st.get("ft_runs_s") or [])
+
+        def side(key: str, runs: str) -> str:
+            per = st.get(runs) or []
+            if not per:
+                return _s(st[key])
+            return f"{_s(st[key])} (launches: {' / '.join(_ms(x) for x in per)} ms)"
+
+        ratio = _r(st["ratio"])
+        if len(blocks) > 1:
+            ratio += f" (per ABBA block: {' / '.join(_r(b) for b in blocks)})"
         rows.append(
             [
-                f"step time, MLP dim {st['dim']} (median of {st['steps'] - st['warmup']} steps)",
-                _s(st["ft_hsdp_step_s"]),
-                f"plain HSDP {_s(st['plain_hsdp_step_s'])}",
-                _r(st["ratio"]),
+                f"step time, MLP dim {st['dim']} (median over {launches or 1} launches x 4 ranks)",
+                side("ft_hsdp_step_s", "ft_runs_s"),
+                "plain HSDP " + side("plain_hsdp_step_s", "plain_runs_s"),
+                ratio,
                 f"<= {st['target']}",
                 "yes" if met else "**no**",
             ]
         )
-        if not met:
-            rep.misses.append(
-                f"fault_tolerance step time: FT-HSDP / plain HSDP = {_r(st['ratio'])} (target "
-                f"{st['target']}): a fixed {_s(st['overhead_s'])} a step, torchft's synchronous "
-                "quorum (HTTP to the group's manager and the lighthouse) and a separate "
-                "cross-group all-reduce of the gradient shards; it shrinks as the step grows"
-            )
     if fl.get("status") == "ok":
         met = fl["lost_s"] <= fl["target_s"]
         rows.append(
@@ -2229,11 +2327,14 @@ def write_fault_tolerance(rep: Report, res: dict[str, Any]) -> None:
             ]
         )
     if hl.get("status") == "ok":
+        heal = _s(hl["heal_s"])
+        if hl.get("heal_recv_s") is not None:
+            heal += f" (receive {_s(hl['heal_recv_s'])} + load {_s(hl['heal_load_s'])})"
         rows.append(
             [
                 f"heal of {hl['state_numbers'] / 1e6:.0f}M numbers ({_mb(hl['state_bytes'])}: "
                 "weights + AdamW) from a live peer",
-                _s(hl["heal_s"]),
+                heal,
                 f"disk resume {_s(hl['resume_s'])} (save {_s(hl['save_s'])})",
                 _r(hl["ratio"]),
                 "–",
@@ -2241,15 +2342,115 @@ def write_fault_tolerance(rep: Report, res: dict[str, Any]) -> None:
             ]
         )
     rep.table(["what", "FT", "baseline", "ratio", "target", "met"], rows)
+
+    phases = st.get("status") == "ok" and st.get("ft_fwd_bwd_s") is not None
+    if phases:
+        rep.add(
+            "Where a step's time goes in this run (ms; the median over each side's launches' "
+            "ranks' median steps; FT's forward + backward holds its cross-group all-reduce, as "
+            "plain HSDP's holds its replicate all-reduce):",
+            "",
+        )
+        rep.table(
+            ["phase", "plain HSDP", "FT-HSDP"],
+            [
+                ["forward + backward", _ms(st["plain_fwd_bwd_s"]), _ms(st["ft_fwd_bwd_s"])],
+                [
+                    "optimizer wrapper step (FT: with the commit vote)",
+                    _ms(st["plain_optim_s"]),
+                    _ms(st["ft_optim_s"]),
+                ],
+                ["of which the commit vote", "–", _ms(st["ft_commit_s"])],
+                ["wait for the quorum in `start_step`", "–", _ms(st["ft_quorum_s"])],
+            ],
+        )
+    rep.add(
+        "Earlier measurements, not this run: the first measurement (commit c974ff8, "
+        "2026-11-27, one run, before the three changes below) gave FT-HSDP / plain HSDP "
+        "1.140 (132.4 ms against 116.2 ms), with a quorum wait of 4-8 ms a step; after them, "
+        "2026-11-27 07:10-07:21 UTC "
+        "by `nice -n -15 python bench/fault_tolerance.py --quick` (load 4.5 -> 7), 4 runs (twice "
+        "in the section, twice alone through its `step_time`) gave 1.030, 1.136, 1.023, 1.171 "
+        "(median 1.083; the 5% target met in 2 of 4), the commit vote 4.5-5.3 ms and the quorum "
+        "wait 0.10-0.14 ms; the heal 1.31 s (receive 1.29 s + load 0.02 s) against a disk resume "
+        "of 0.26 s. One launch's median step moved between 68 and 128 ms in those runs, "
+        "other sessions' work sharing this 2-core machine: the 5% target sits inside that noise.",
+        "",
+        "What took the fixed cost down (`src/shardwise/strategies/fault_tolerance.py`):",
+        "1. **The quorum off the critical path**: the next step's quorum is requested as soon as "
+        "a step's commit vote ends, in torchft's quorum thread, and awaited in `start_step`. The "
+        "data of a step still follows that step's own quorum (no change to what a step reads), "
+        "and a healing peer still receives the state as it is at `start_step` (its copy waits "
+        "on torchft's state-dict lock until then; a loop that spends more than `timeout` "
+        "between an optimizer step and the next `start_step` while a peer joins fails that "
+        "step, which is redone). The data position is therefore not moved to the previous "
+        "step's quorum: that would make every change of the quorum (a loss, a rejoin) cost one "
+        "extra failed step.",
+        "2. **The cross-group all-reduce in FSDP2's all-reduce hook**: each `fully_shard`-ed "
+        "module's reduce-scatter output (one flat buffer, which the sharded gradients then "
+        "view) is all-reduced in place through torchft, instead of flattening every gradient "
+        "after the backward and copying it back (that flat all-reduce and its copies took "
+        "15-21 ms a step, an earlier measurement taken apart).",
+        "3. **The commit vote over the group's own gloo process group**: one all-reduce of "
+        "`[vote, step, -step]` replaces torchft's manager-server RPC (torchft's `should_commit` "
+        "keeps its bookkeeping: step, retries); a group of one rank (DDP) votes alone.",
+        "",
+    )
+    if phases:
+        vote = st["ft_commit_s"]
+        optim_extra = st["ft_optim_s"] - st["plain_optim_s"]
+        fwd_extra = st["ft_fwd_bwd_s"] - st["plain_fwd_bwd_s"]
+        rep.add(
+            f"What is left in this run (FT-HSDP less plain HSDP): the step {_dms(st['overhead_s'])}"
+            f" ms, its forward + backward {_dms(fwd_extra)} ms, its "
+            f"optimizer wrapper step {_dms(optim_extra)} ms, of which the commit vote is "
+            f"{_ms(vote)} ms and the rest ({_ms(optim_extra - vote)} ms), as the earlier runs "
+            "were read, the optimizer step beside the next quorum (torchft's Python quorum "
+            "thread and its tokio client/server threads on 2 cores already carrying 4 ranks) and "
+            "torchft's `should_commit` "
+            "bookkeeping. The vote is a barrier of the group's 2 ranks: the same all-reduce back "
+            "to back took 0.2 ms (an earlier measurement, taken apart), so its time is the "
+            "ranks' skew on an oversubscribed CPU, which any agreement before the optimizer "
+            "step pays. A step that commits cannot skip the vote (a rank whose cross-group "
+            "all-reduce failed must stop its group-mates' step), so the remaining lever is "
+            "overlapping the vote with the tail of the backward (launching it after the root "
+            "module's all-reduce hook), not tried.",
+            "",
+        )
+    if st.get("status") == "ok" and st["ratio"] > st["target"]:
+        why = f"a fixed {_s(st['overhead_s'])} a step"
+        if phases:
+            why += (
+                f" (this run: forward + backward {_dms(st['ft_fwd_bwd_s'] - st['plain_fwd_bwd_s'])}"
+                f" ms, optimizer wrapper step {_dms(st['ft_optim_s'] - st['plain_optim_s'])} ms "
+                f"of which the commit vote {_ms(st['ft_commit_s'])} ms, the group's ranks' skew "
+                "on an oversubscribed CPU; quorum wait "
+                f"{_ms(st['ft_quorum_s'])} ms)"
+            )
+        blocks_text = f"; per ABBA block {' / '.join(_r(b) for b in blocks)}" if blocks else ""
+        rep.misses.append(
+            f"fault_tolerance step time: FT-HSDP / plain HSDP = {_r(st['ratio'])} (target "
+            f"{st['target']}{blocks_text}): {why}. Earlier runs (2026-11-27 07:10-07:21 UTC) "
+            "gave 1.023-1.171, one launch's median step moving between 68 and 128 ms at this "
+            "machine's load; section 10 says where the step goes"
+        )
+    heal_call = ""
+    if hl.get("status") == "ok" and hl.get("heal_call_s") is not None:
+        heal_call = (
+            f" (the joining group's whole first `start_step` took {_s(hl['heal_call_s'])}: it "
+            "also waits for a quorum that takes it in, up to two of group 0's steps, which "
+            "sleep 0.5 s each in this case; the figure of the first measurement, 841 ms, was "
+            "that call less a later quorum)"
+        )
     rep.add(
         "The survivors' loss is measured from the last step committed before the kill to the "
-        "5th committed after it, less 5 median steps: it is the lighthouse's heartbeat timeout "
-        f"({fl.get('heartbeat_timeout_s')} s here), after which the first quorum without the "
-        "dead group forms; no restart, no checkpoint read. The heal is the joining group's "
-        "first `start_step` less a later one (quorum only), over torchft's HTTP transport on "
-        "this host; the disk resume reads a full checkpoint that is in the page cache (a best "
-        "case for the disk, which a restarted job does not have; it would also pay the restart "
-        "and the steps since the last checkpoint).",
+        f"{fl.get('after_kill_steps', 5)}th committed after it, less as many median steps: it "
+        f"is the lighthouse's heartbeat timeout ({fl.get('heartbeat_timeout_s')} s here), after "
+        "which the first quorum without the dead group forms; no restart, no checkpoint read. "
+        "The heal is torchft's receive of the peer's state over its HTTP transport on this "
+        f"host plus its load{heal_call}. The disk resume reads a full checkpoint that is in "
+        "the page cache (a best case for the disk, which a restarted job does not have; it "
+        "would also pay the restart and the steps since the last checkpoint).",
         "",
     )
 
