@@ -17,13 +17,17 @@ writing the same bytes with ``os.write`` + ``fsync`` (every rank its share, at o
 them from the page cache. A configuration whose memory estimate does not fit this machine runs
 without the raw copy, or is skipped, and says so.
 
-Writes the table's data and ``bench/scale.png``.
+Writes the table's data and ``bench/scale.png``. ``SHARDWISE_SCALE_ROWS`` (e.g.
+``1B:fsdp:2,10M:fsdp:4``) runs only those rows (a single row's re-measurement; its JSON goes
+to ``--out``, not into RESULTS.md).
 
     python bench/scale.py --quick
+    SHARDWISE_SCALE_ROWS=1B:fsdp:2 python bench/scale.py --quick --out /tmp/scale_1b.json
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -60,7 +64,12 @@ LAYOUTS = [("single", 1), ("ddp", 2), ("fsdp", 2), ("ddp", 4), ("fsdp", 4)]
 def _plan(quick: bool) -> list[tuple[str, str, int]]:
     """``(size, strategy, world size)`` of every row."""
     rows = [(size, kind, n) for size in ("10M", "100M") for kind, n in LAYOUTS]
-    return rows + [("1B", "fsdp", 2)] if quick else rows + [("1B", k, n) for k, n in LAYOUTS]
+    rows += [("1B", "fsdp", 2)] if quick else [("1B", k, n) for k, n in LAYOUTS]
+    only = os.environ.get("SHARDWISE_SCALE_ROWS")
+    if only:
+        wanted = {tuple(row.split(":")) for row in only.split(",")}
+        rows = [r for r in rows if (r[0], r[1], str(r[2])) in wanted]
+    return rows
 
 
 def _optimizer(params: int) -> str:
