@@ -1,7 +1,8 @@
 """The Runner under fault tolerance, end to end through the command line: a lighthouse
 started with ``shardwise ft lighthouse``, each replica group with ``shardwise train CONFIG
 --replica-group g`` (one process, DDP, CPU gloo; no torchrun: the command gives the group its
-own store), the data and model of tests/torchft_parts.py."""
+own store; or, FT-HSDP, two processes under torchrun, FSDP over the group's ranks), the data
+and model of tests/torchft_parts.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 
 pytest.importorskip("torchft")
 
-from tests.test_torchft import _assert_same_state, _records, _wait  # noqa: E402
+from tests.test_torchft import _assert_same_state, _free_port, _records, _wait  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 N, BATCH = 96, 4  # samples; batch per replica group (a step reads BATCH * groups samples)
@@ -28,10 +29,20 @@ _LAUNCH_VARS += ("MASTER_PORT", "TORCHFT_LIGHTHOUSE", "REPLICA_GROUP_ID", "NUM_R
 
 
 def _config(
-    tmp: Path, name: str, iters: int, ft: dict | None, sleep=0.0, hold=None, accumulate=1
+    tmp: Path,
+    name: str,
+    iters: int,
+    ft: dict | None,
+    sleep=0.0,
+    hold=None,
+    accumulate=1,
+    parallelism: dict | None = None,
 ) -> Path:
-    """The config of a run of ``iters`` iterations (< 0: of ``-iters`` epochs)."""
+    """The config of a run of ``iters`` iterations (< 0: of ``-iters`` epochs); DDP, or
+    FSDP with ``parallelism``."""
     strategy = dict(type="DDPStrategy")
+    if parallelism is not None:
+        strategy = dict(type="FSDPStrategy", parallelism=parallelism)
     by_epoch = iters < 0
     loop = (
         f"by_epoch=True, max_epochs={-iters}" if by_epoch else f"by_epoch=False, max_iters={iters}"
@@ -93,9 +104,28 @@ def _stop(lighthouse: subprocess.Popen) -> None:
     assert lighthouse.wait(timeout=30) == 0  # stops cleanly on SIGTERM
 
 
-def _train_group(cfg: Path, tmp: Path, g: int, groups: int) -> subprocess.Popen:
+def _train_group(cfg: Path, tmp: Path, g: int, groups: int, nproc: int = 1) -> subprocess.Popen:
+    """Replica group ``g``: one process, or ``nproc`` under torchrun (its own port)."""
     args = ["train", str(cfg), "--replica-group", str(g), "--num-replica-groups", str(groups)]
+    if nproc > 1:
+        args += ["--nproc-per-node", str(nproc), "--master-port", str(_free_port())]
     return _shardwise([*args, "--work-dir", str(tmp / f"wd{g}")], tmp / f"g{g}.jsonl")
+
+
+def _release_when_ready(
+    procs: list[subprocess.Popen], logs: list[Path], hold: Path, ranks: int = 1
+) -> None:
+    """Remove ``hold`` once every rank of every replica group waits on it (so that all start
+    their first quorum together)."""
+    deadline = time.time() + 240
+    while not all(
+        len({r["pid"] for r in _records(log) if r.get("ready")}) >= ranks for log in logs
+    ):
+        assert time.time() < deadline and all(p.poll() is None for p in procs), [
+            log.with_suffix(".err").read_text()[-3000:] for log in logs
+        ]
+        time.sleep(0.1)
+    hold.unlink()
 
 
 def _steps(path: Path) -> list[dict]:
@@ -198,13 +228,7 @@ def test_runner_without_failures_equals_a_plain_ddp_run(tmp_path, by_epoch) -> N
             for g in range(groups)
         ]
         logs = [tmp_path / f"g{g}.jsonl" for g in range(groups)]
-        deadline = time.time() + 240
-        while not all(any(r.get("ready") for r in _records(log)) for log in logs):
-            assert time.time() < deadline and all(p.poll() is None for p in procs), [
-                log.with_suffix(".err").read_text()[-3000:] for log in logs
-            ]
-            time.sleep(0.1)
-        hold.unlink()
+        _release_when_ready(procs, logs, hold)
         _wait(procs, time.time() + 300, "the FT run", [str(log) for log in logs])
         assert [p.returncode for p in procs] == [0] * groups
         _stop(lighthouse)
@@ -237,6 +261,70 @@ def test_runner_without_failures_equals_a_plain_ddp_run(tmp_path, by_epoch) -> N
     # one replica group writes the periodic checkpoints: rank 0 of the quorum
     saved = ["epoch_1.pth", "epoch_2.pth"] if by_epoch else ["iter_10.pth", "iter_16.pth"]
     assert sorted(p.name for p in (tmp_path / "wd0").glob("*.pth")) == saved
+    assert not list((tmp_path / "wd1").glob("*.pth"))
+
+
+@pytest.mark.slow
+def test_runner_ft_hsdp_without_failures_equals_a_plain_hsdp_run(tmp_path) -> None:
+    """FT-HSDP: two replica groups of two ranks, each FSDP over its own ranks, under the
+    Runner read, rank for rank, the samples a plain HSDP run of four ranks (dp_replicate=2 x
+    dp_shard=2) reads, and give its losses and learning rates; their weights end
+    bit-identical, equal to the plain run's."""
+    groups, dp, iters = 2, 2, 10
+    ranks = groups * dp
+    hold = tmp_path / "hold"
+    hold.touch()  # both groups start their first quorum together
+    lighthouse, address = _lighthouse(tmp_path, min_replicas=1)
+    try:
+        ft = dict(num_replica_groups=groups, min_replicas=1, lighthouse=address)
+        shard = dict(dp_shard=dp)
+        cfgs = [
+            _config(tmp_path, f"g{g}", iters, ft, hold=str(hold), parallelism=shard)
+            for g in range(groups)
+        ]
+        procs = [_train_group(cfgs[g], tmp_path, g, groups, nproc=dp) for g in range(groups)]
+        logs = [tmp_path / f"g{g}.jsonl" for g in range(groups)]
+        _release_when_ready(procs, logs, hold, ranks=dp)
+        _wait(procs, time.time() + 300, "the FT run", [str(log) for log in logs])
+        assert [p.returncode for p in procs] == [0] * groups
+        _stop(lighthouse)
+    finally:
+        lighthouse.kill()
+    plain_log = tmp_path / "plain.jsonl"
+    hsdp = dict(dp_replicate=groups, dp_shard=dp)
+    plain = _shardwise(
+        ["train", str(_config(tmp_path, "plain", iters, None, parallelism=hsdp))]
+        + ["--nproc-per-node", str(ranks), "--master-port", str(_free_port())]
+        + ["--work-dir", str(tmp_path / "wdp")],
+        plain_log,
+    )
+    _wait([plain], time.time() + 300, "the plain run", [str(plain_log)])
+    assert plain.returncode == 0
+
+    ft_steps = {(r["iter"], r["part"]): r for log in logs for r in _steps(log)}
+    plain_steps = {(r["iter"], r["part"]): r for r in _steps(plain_log)}
+    assert len(plain_steps) == iters * ranks and sorted(ft_steps) == sorted(plain_steps)
+    for key, rec in plain_steps.items():
+        assert ft_steps[key]["parts"] == ranks
+        assert ft_steps[key]["idx"] == rec["idx"], key  # the same samples, rank for rank
+        assert ft_steps[key]["lr"] == rec["lr"]
+    for i in range(iters):
+        # each rank logs the mean over its process group's ranks: the plain run's four, a
+        # replica group's two; the mean over every rank's record compares like with like
+        mean = sum(ft_steps[(i, p)]["loss"] for p in range(ranks)) / ranks
+        plain_mean = sum(plain_steps[(i, p)]["loss"] for p in range(ranks)) / ranks
+        assert abs(mean - plain_mean) <= 1e-6, (i, mean, plain_mean)
+    # each rank's shard: rank r of each group and of the plain run's first replica
+    for r in range(dp):
+        name = f"{r or ''}.pt"
+        states = [torch.load(tmp_path / f"g{g}{name}", weights_only=True) for g in range(groups)]
+        _assert_same_state(states[0], states[1])
+        reference = torch.load(tmp_path / f"plain{name}", weights_only=True)
+        assert reference["model"] and sorted(states[0]["model"]) == sorted(reference["model"])
+        for key, value in reference["model"].items():
+            torch.testing.assert_close(states[0]["model"][key], value)
+    # one replica group writes the periodic checkpoint: rank 0 of the quorum
+    assert sorted(p.name for p in (tmp_path / "wd0").glob("*.pth")) == ["iter_10.pth"]
     assert not list((tmp_path / "wd1").glob("*.pth"))
 
 

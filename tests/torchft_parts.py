@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_map
 
 from shardwise.registry import DATASETS, HOOKS, MODELS
 from shardwise.runner.hooks import Hook
@@ -44,10 +46,12 @@ class FTTinyNet(nn.Module):
 
 @HOOKS.register_module()
 class FTRecordHook(Hook):
-    """One JSON line per iteration that ran to its end (loss, the sample indices, the
-    quorum's size and this group's part) in ``OUT/NAME.jsonl``; the final state in
-    ``OUT/NAME[rank].pt``. While the file ``hold`` exists, the run waits before its first
-    quorum and before each iteration; each iteration sleeps ``sleep`` seconds."""
+    """One JSON line per rank and iteration that ran to its end (loss, the sample indices,
+    how many data-parallel parts the step's data was split into and this rank's: under fault
+    tolerance the ranks of the quorum's replica groups) in ``OUT/NAME.jsonl``; the final
+    state in ``OUT/NAME[rank].pt`` (this rank's shard of a sharded state). While the file
+    ``hold`` exists, the run waits before its first quorum and before each iteration; each
+    iteration sleeps ``sleep`` seconds."""
 
     priority = "VERY_LOW"
 
@@ -69,13 +73,14 @@ class FTRecordHook(Hook):
         time.sleep(self.sleep)
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        ft = runner.strategy.fault_tolerance
+        s = runner.strategy
+        ft, dp, dp_rank = s.fault_tolerance, s.data_parallel_size, s.data_parallel_rank
         rec = dict(iter=runner.iter, loss=float(outputs["loss"]), idx=data_batch[2].tolist())
         rec.update(pid=os.getpid(), lr=runner.optim_wrapper.get_lr()["lr"][0])
-        if ft is not None:
-            rec.update(parts=ft.num_replicas, part=ft.replica_rank)
+        if ft is not None:  # the ranks of the live groups split the step's data
+            rec.update(parts=ft.num_replicas * dp, part=ft.replica_rank * dp + dp_rank)
         else:
-            rec.update(parts=runner.world_size, part=runner.rank)
+            rec.update(parts=dp, part=dp_rank)
         self.log.write(json.dumps(rec) + "\n")
 
     def after_train(self, runner) -> None:
@@ -85,6 +90,7 @@ class FTRecordHook(Hook):
             optimizer=s.optim_state_dict(),
             schedulers=s.scheduler_state_dict(),
         )
+        state = tree_map(lambda v: v.to_local() if isinstance(v, DTensor) else v, state)
         torch.save(state, self.out / f"{self.name}{runner.rank or ''}.pt")
         done = dict(done=True, pid=os.getpid(), iter=runner.iter)
         if s.fault_tolerance is not None:
