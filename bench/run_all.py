@@ -891,59 +891,11 @@ def _scale_targets(rep: Report, res: dict[str, Any]) -> None:
         )
         if not met:
             reason = t.get("reason", "")
-            if t["figure"] == "save_ratio" and t["size"] == "10M":
-                reason = _scale_small_save_note(rep, reason, t["world_size"])
             rep.misses.append(
                 f"Scale, {name}: {_r(row[t['figure']])} > {t['target']}. {reason}".rstrip()
             )
     if lines:
         rep.add("Targets (issue 20): " + "; ".join(lines) + ".", "")
-
-
-#: The end of the 10M save rows' recorded reason (bench/scale.py, 2026-11-25), written
-#: before checkpoint/records.py existed: replaced by _scale_small_save_note.
-_SCALE_STALE_CLOSING = "Closing it needs DCP records written without a torch.save archive"
-
-
-def _scale_small_save_note(rep: Report, reason: str, world_size: int) -> str:
-    """The 10M save rows' reason, its closing remark brought up to date: those rows predate
-    ``checkpoint/records.py``; the small-state save (bench/small_save.py, section 8.1)
-    measures the save with it."""
-    cut = reason.find(_SCALE_STALE_CLOSING)
-    if cut >= 0:
-        reason = reason[:cut].rstrip()
-    cases = {
-        w: c
-        for w, c in rep.sections.get("small_save", {}).get("cases", {}).items()
-        if c.get("status") == "ok"
-    }
-
-    def figure(w: str) -> str:
-        c = cases[w]
-        return (
-            f"{c['alone_over_raw']['median']:.2f}x on {w} ranks "
-            f"({'met' if c['meets_target'] else 'not met'})"
-        )
-
-    if reason.startswith("As for"):  # the 4-rank row: the 2-rank row's note says the rest
-        note = "Like the 2-rank row, it predates `checkpoint/records.py`"
-        if str(world_size) in cases:
-            note += f"; section 8.1's small-state save with it: {figure(str(world_size))}"
-        return f"{reason} {note}."
-    note = (
-        "These 10M rows (bench/scale.py, 2026-11-25) predate `checkpoint/records.py`, which "
-        "now writes each DCP record from a template of its kind's `torch.save` bytes instead "
-        "of a `torch.save` archive per tensor; bench/scale.py has not been re-run since."
-    )
-    if cases:
-        note += (
-            " The save with it is measured by the small-state save of section 8.1 "
-            "(bench/small_save.py, a ~10M AdamW state, save / plain write, median of runs): "
-            f"{', '.join(figure(w) for w in cases)}, against the same 2x target."
-        )
-    else:
-        note += " The small-state save of section 8.1 (bench/small_save.py) measures it."
-    return f"{reason} {note}" if reason else note
 
 
 def write_checkpoint_engine(rep: Report, res: dict[str, Any]) -> None:
