@@ -115,22 +115,31 @@ def _over_replica_groups(loader: DataLoader, total_parts: int, part: int) -> Dat
             f"{type(sampler).__name__}"
         )
     generator = torch.Generator()
-    kwargs: dict[str, Any] = dict(
+    over_groups = ResumableSampler(
+        loader.dataset,
+        shuffle=bool(sampler.shuffle),
+        seed=int(sampler.seed),
+        num_replicas=total_parts,
+        rank=part,
+        generator=generator,
+    )
+    return _like(
+        loader,
         batch_size=loader.batch_size,
-        sampler=ResumableSampler(
-            loader.dataset,
-            shuffle=bool(sampler.shuffle),
-            seed=int(sampler.seed),
-            num_replicas=total_parts,
-            rank=part,
-            generator=generator,
-        ),
+        sampler=over_groups,
+        drop_last=loader.drop_last,
+        generator=generator,
+    )
+
+
+def _like(loader: DataLoader, **kwargs: Any) -> DataLoader:
+    """A ``DataLoader`` of ``loader``'s dataset with its collation, workers and pinning, and
+    ``kwargs`` (its sampling)."""
+    kwargs.update(
         collate_fn=loader.collate_fn,
         num_workers=loader.num_workers,
         pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
         worker_init_fn=loader.worker_init_fn,
-        generator=generator,
         timeout=loader.timeout,
     )
     if loader.num_workers > 0:
@@ -172,24 +181,9 @@ class _QuorumBatches:
         self._it = None  # the previous iterator's workers stop
         s = self.sampler
         s.start, s.part, s.parts, s.seed, s._perm = iteration, part, parts, seed, None
-        loader = self.loader
         generator = torch.Generator()  # the workers' seeds: from the seed, position, part
         generator.manual_seed((seed * 1_000_003 + iteration * 7_919 + part) % (2**63 - 1))
-        kwargs: dict[str, Any] = dict(
-            batch_sampler=s,
-            generator=generator,
-            collate_fn=loader.collate_fn,
-            num_workers=loader.num_workers,
-            pin_memory=loader.pin_memory,
-            worker_init_fn=loader.worker_init_fn,
-            timeout=loader.timeout,
-        )
-        if loader.num_workers > 0:
-            kwargs.update(
-                multiprocessing_context=loader.multiprocessing_context,
-                prefetch_factor=loader.prefetch_factor,
-            )
-        self._it = iter(DataLoader(loader.dataset, **kwargs))
+        self._it = iter(_like(self.loader, batch_sampler=s, generator=generator))
 
 
 class FaultTolerantTrainLoop(_TrainLoop):
