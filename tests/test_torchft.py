@@ -297,6 +297,34 @@ def test_replica_counts_that_disagree_fail_on_every_group(tmp_path) -> None:
         server.shutdown()
 
 
+def _vote_rank(votes: list[bool], steps: list[int]) -> list:
+    """Each rank of a 2-rank gloo group votes ``votes[rank]`` on ``steps[rank]``: what the
+    group's commit vote (``_QuorumRecorder.should_commit`` over the process group) answers."""
+    from datetime import timedelta
+
+    import torch.distributed as tdist
+
+    from shardwise.strategies.fault_tolerance import _QuorumRecorder
+
+    rank = tdist.get_rank()
+    recorder = _QuorumRecorder(client=None, vote_over_pg=True)
+    try:
+        return [recorder.should_commit(rank, steps[rank], votes[rank], timedelta(seconds=20))]
+    except RuntimeError as e:
+        return [str(e)]
+
+
+def test_commit_vote_over_the_group_agrees_on_every_rank() -> None:
+    """One rank voting no stops both; ranks on different steps are refused on both."""
+    from tests.distributed import run_distributed  # this file is also the workers' script
+
+    for votes, want in (([True, True], True), ([True, False], False), ([False, True], False)):
+        out = run_distributed(_vote_rank, 2, votes, [3, 3], init_pg=True)
+        assert out == [[want], [want]], (votes, out)
+    out = run_distributed(_vote_rank, 2, [True, True], [3, 4], init_pg=True)
+    assert all("vote on different steps [3, 4]" in o[0] for o in out), out
+
+
 # ---------------------------------------------------------------------- training
 @pytest.mark.slow
 def test_without_failures_losses_equal_plain_ddp(tmp_path) -> None:

@@ -207,7 +207,7 @@ def ft_lighthouse(args: argparse.Namespace) -> int:
     try:
         from shardwise.strategies.fault_tolerance import import_torchft
 
-        import_torchft()
+        import_torchft(quiet=False)  # the lighthouse's quorum lines are its operators' log
         from torchft.coordination import LighthouseServer
     except ImportError as exc:
         print(f"shardwise ft lighthouse: error: {exc}", file=sys.stderr)
