@@ -5,10 +5,13 @@
 1. **Step time, FT-HSDP against plain HSDP**: 2 replica groups x 2 ranks (FSDP2 inside each,
    torchft across, a real lighthouse) against ``parallelism=dict(dp_replicate=2,
    dp_shard=2)`` on 4 ranks, the same model, data split and steps, run ABBA-ordered (plain,
-   FT, FT, plain, twice); the median step time of each (the first steps dropped), their ratio
-   (target <= 1.05 on CPU), and where the time goes: forward + backward (FT: with the
-   cross-group all-reduce, in FSDP2's all-reduce hook), the optimizer wrapper's step (FT:
-   with the commit vote), the commit vote alone, the wait for the quorum in ``start_step``.
+   FT, FT, plain, 3 times --quick, 4 times --full: one launch's median step moves by up to
+   10% between launches of the same code on this machine, so a side is the median of 6-8
+   launches); the median step time of each (the first steps dropped), their ratio (target
+   <= 1.05 on CPU), and where the time goes: forward + backward (FT: with the cross-group
+   all-reduce, in FSDP2's all-reduce hook), the optimizer wrapper's step (FT: with the
+   commit vote), the commit vote alone, the wait for the quorum in ``start_step``, the CPU
+   time of a rank's process per step.
 2. **Time the survivors lose per injected failure**: the same FT-HSDP run, ``min_replicas=1``;
    every process of one group is killed (SIGKILL) mid-run; the survivors' time from the last
    step committed before the kill to the 5th committed after it, less 5 median steps
@@ -47,8 +50,8 @@ SIZES = dict(
     quick=dict(
         dim=1024,
         kill_dim=256,
-        steps=30,
-        rounds=4,
+        steps=40,
+        rounds=6,
         kill_steps=40,
         heal_dim=2048,
         heal_layers=8,
@@ -58,7 +61,7 @@ SIZES = dict(
         dim=2048,
         kill_dim=256,
         steps=60,
-        rounds=4,
+        rounds=8,
         kill_steps=60,
         heal_dim=2048,
         heal_layers=8,
@@ -164,14 +167,21 @@ def _worker(args: dict[str, Any]) -> None:
         rank, world = strategy.rank, strategy.world_size
         for step in range(steps):
             start = time.perf_counter()
+            cpu = time.process_time()
             run_step(step, list(range(rank, BATCH, world)))
             rec = dict(
-                step=step, committed=True, s=time.perf_counter() - start, time=time.time(), **phases
+                step=step,
+                committed=True,
+                s=time.perf_counter() - start,
+                cpu_s=time.process_time() - cpu,
+                time=time.time(),
+                **phases,
             )
             log.write(json.dumps(rec) + "\n")
     else:
         while True:
             start = time.perf_counter()
+            cpu = time.process_time()
             healed = len(ft.heal_steps)
             step = ft.start_step()
             quorum_s = time.perf_counter() - start
@@ -185,6 +195,7 @@ def _worker(args: dict[str, Any]) -> None:
                 quorum_s=quorum_s,
                 healed=len(ft.heal_steps) > healed,
                 parts=ft.num_replicas,
+                cpu_s=time.process_time() - cpu,
                 time=time.time(),
                 **phases,
             )
@@ -306,8 +317,9 @@ def _median_step(recs: list[dict[str, Any]], key: str = "s") -> float:
 
 #: Where a step's time goes: forward + backward (FT-HSDP: with the cross-group all-reduce,
 #: in FSDP's hook), the optimizer wrapper's step (FT: with the commit vote), the vote alone,
-#: and the wait for the quorum in start_step.
-PHASES = ("fwd_bwd_s", "optim_s", "commit_s", "quorum_s")
+#: the wait for the quorum in start_step, and the CPU time of the rank's process (all its
+#: threads: torchft's quorum and server threads included) per step.
+PHASES = ("fwd_bwd_s", "optim_s", "commit_s", "quorum_s", "cpu_s")
 
 
 def _plain_hsdp(tmp: Path, common: dict[str, Any]) -> list[dict[str, Any]]:
@@ -480,6 +492,9 @@ def heal_vs_disk(tmp: Path, size: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(quick: bool) -> dict[str, Any]:
+    # torchft's lighthouse (here in this process, in a deployment on a host of its own) logs
+    # five lines a quorum at info; the replicas log warnings only (shardwise's default)
+    os.environ.setdefault("RUST_LOG", "warn")
     try:
         import torchft  # noqa: F401
     except ImportError as exc:
