@@ -2328,16 +2328,18 @@ def write_fault_tolerance(rep: Report, res: dict[str, Any]) -> None:
             ],
         )
     rep.add(
-        "Earlier measurements, not this run: the first measurement (commit c974ff8, "
-        "2026-11-27, one run, before the three changes below) gave FT-HSDP / plain HSDP "
-        "1.140 (132.4 ms against 116.2 ms), with a quorum wait of 4-8 ms a step; after them, "
-        "2026-11-27 07:10-07:21 UTC "
-        "by `nice -n -15 python bench/fault_tolerance.py --quick` (load 4.5 -> 7), 4 runs (twice "
-        "in the section, twice alone through its `step_time`) gave 1.030, 1.136, 1.023, 1.171 "
-        "(median 1.083; the 5% target met in 2 of 4), the commit vote 4.5-5.3 ms and the quorum "
-        "wait 0.10-0.14 ms; the heal 1.31 s (receive 1.29 s + load 0.02 s) against a disk resume "
-        "of 0.26 s. One launch's median step moved between 68 and 128 ms in those runs, "
-        "other sessions' work sharing this 2-core machine: the 5% target sits inside that noise.",
+        "Earlier measurements, not this run: the first (commit c974ff8, one run, before "
+        "changes 1-3 below) gave FT-HSDP / plain HSDP 1.140 (132.4 ms against 116.2 ms), with "
+        "a quorum wait of 4-8 ms a step; after changes 1-3 with the vote still an all-reduce, "
+        "2026-11-27 07:10-07:45 UTC, `--quick` with 4 launches a side (load 1.5-7): 1.030, "
+        "1.136, 1.023, 1.171, 1.163, the commit vote 4.3-5.3 ms. With the vote an all-gather "
+        "and change 4, 2026-11-27 09:51 and 10:04 UTC, `python bench/fault_tolerance.py "
+        "--quick` (MLP dim 1024, ~70 ms steps, 6 launches a side, load ~3): **1.043** (per ABBA "
+        "block 1.102 / 1.048 / 1.018) and **1.016** (0.972 / 1.178 / 1.030), the commit vote "
+        "3.1 and 3.9 ms, a rank's CPU time per step +1.7 and +2.5 ms. One launch's median step "
+        "moves by up to 10% between launches of the same code here (4 ranks and torchft's "
+        "threads on 2 cores: which ranks share a core), and an ABBA block by up to 18%: the "
+        "target is read on the median of a side's launches, never on one block.",
         "",
         "What took the fixed cost down (`src/shardwise/strategies/fault_tolerance.py`):",
         "1. **The quorum off the critical path**: the next step's quorum is requested as soon as "
@@ -2370,19 +2372,24 @@ def write_fault_tolerance(rep: Report, res: dict[str, Any]) -> None:
         fwd_extra = st["ft_fwd_bwd_s"] - st["plain_fwd_bwd_s"]
         rep.add(
             f"What is left in this run (FT-HSDP less plain HSDP): the step {_dms(st['overhead_s'])}"
-            f" ms, its forward + backward {_dms(fwd_extra)} ms, its "
+            f" ms, its forward + backward {_dms(fwd_extra)} ms (torchft's cross-group all-reduce "
+            "in FSDP2's hook against FSDP2's own replicate all-reduce: not taken apart), its "
             f"optimizer wrapper step {_dms(optim_extra)} ms, of which the commit vote is "
-            f"{_ms(vote)} ms and the rest ({_ms(optim_extra - vote)} ms), as the earlier runs "
-            "were read, the optimizer step beside the next quorum (torchft's Python quorum "
-            "thread and its tokio client/server threads on 2 cores already carrying 4 ranks) and "
-            "torchft's `should_commit` "
-            "bookkeeping. The vote is a barrier of the group's 2 ranks: the same all-reduce back "
-            "to back took 0.2 ms (an earlier measurement, taken apart), so its time is the "
-            "ranks' skew on an oversubscribed CPU, which any agreement before the optimizer "
-            "step pays. A step that commits cannot skip the vote (a rank whose cross-group "
-            "all-reduce failed must stop its group-mates' step), so the remaining lever is "
-            "overlapping the vote with the tail of the backward (launching it after the root "
-            "module's all-reduce hook), not tried.",
+            f"{_ms(vote)} ms and the rest ({_ms(optim_extra - vote)} ms) the optimizer step beside "
+            "the next quorum's threads. Taken apart on 100-step launches (per-thread CPU from "
+            "`/proc`, cProfile of a rank): torchft's own threads (quorum, manager server and "
+            "client) take 0.5-1.5 ms of CPU a step; the quorum wait in `start_step` is 0.1 ms in "
+            "most steps and 2-10 ms in about a third (mean ~1 ms): the next quorum completes "
+            "only once every group's slowest rank has voted, sometimes after the optimizer step. "
+            "Neither can move earlier: a rank whose cross-group all-reduce failed must stop its "
+            "group-mates' step, so no rank may step before the vote; and a quorum requested "
+            "before the vote would let a group whose step did not commit report the same step "
+            "as the groups whose did, which would then average different steps' gradients "
+            "instead of healing it. The vote is a barrier of the group's ranks: its time is "
+            "their skew on an oversubscribed CPU (an all-gather between 2 ranks that arrive "
+            "together takes 0.3-0.8 ms here); an added barrier of the same kind in plain HSDP "
+            "(an all-gather between the shard group's ranks after the backward) cost it +1.3 ms "
+            "a step, 2%.",
             "",
         )
     if st.get("status") == "ok" and st["ratio"] > st["target"]:
