@@ -33,6 +33,7 @@ train: install
 
 lint: test-install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check --quiet src tests bench examples
 
 test: lint
 	$(PY) -m pytest -q

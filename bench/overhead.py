@@ -67,6 +67,8 @@ TP_CASES = {
     "tp": (2, dict(dp_replicate=1, dp_shard=-1, tp=TP)),
     "fsdp_tp": (4, dict(dp_replicate=1, dp_shard=-1, tp=TP)),
 }
+
+
 def tp_plan() -> dict[str, Any]:
     """How both contenders split the GPT: the example model's own ``_tp_plan`` (attention by
     heads, the MLP by hidden units, the embedding and head by vocabulary)."""

@@ -145,9 +145,7 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     summary: dict[str, Any] = dict(
         path=str(path.absolute()),
         format=reader.format.name,
-        layout=reader.format.layout(
-            len(files), len(reader.index) if reader.format is LOCAL else 1
-        ),
+        layout=reader.format.layout(len(files), len(reader.index) if reader.format is LOCAL else 1),
         files=files,
         size=sum(f["size"] for f in files),
         manifest=manifest_path(path).is_file(),

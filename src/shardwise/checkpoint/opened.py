@@ -88,8 +88,9 @@ def normalize(checkpoint: Any, path: Path) -> dict[str, Any]:
 
 def map_infos(fn: Callable[[TensorInfo], Any], tree: Any) -> Any:
     """``tree`` with every :class:`TensorInfo` replaced by ``fn(info)``."""
-    return map_with_path(lambda _, leaf: fn(leaf) if isinstance(leaf, TensorInfo) else leaf,
-                         tree, is_leaf=is_ref)
+    return map_with_path(
+        lambda _, leaf: fn(leaf) if isinstance(leaf, TensorInfo) else leaf, tree, is_leaf=is_ref
+    )
 
 
 class OpenCheckpoint:

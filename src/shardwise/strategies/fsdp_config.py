@@ -98,6 +98,7 @@ SHARDING_STRATEGIES = (
     "NO_SHARD",
 )
 
+
 def _example(key: str) -> str:
     examples = {
         "sharding_strategy": "sharding_strategy='FULL_SHARD'",

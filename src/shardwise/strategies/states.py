@@ -124,9 +124,7 @@ class ModelState:
         :func:`~.matching.revise_state_dict_keys`). With ``strict`` any missing or unexpected
         key is an error naming them, raised before anything is loaded; otherwise they, and
         tensors whose shape differs from the model's, are skipped with a warning."""
-        usable = fitting_model_state(
-            state_dict, unwrap_model(self.model), strict, (), self._logger
-        )
+        usable = fitting_model_state(state_dict, unwrap_model(self.model), strict, (), self._logger)
         load_model_state(self.model, usable, self._load_options(usable))
 
     def local_state_dict(self) -> dict[str, Any]:
