@@ -307,7 +307,7 @@ def _vote_rank(votes: list[bool], steps: list[int]) -> list:
     from shardwise.strategies.fault_tolerance import _QuorumRecorder
 
     rank = tdist.get_rank()
-    recorder = _QuorumRecorder(client=None, vote_over_pg=True)
+    recorder = _QuorumRecorder(client=None, vote_device=torch.device("cpu"))
     try:
         return [recorder.should_commit(rank, steps[rank], votes[rank], timedelta(seconds=20))]
     except RuntimeError as e:
@@ -323,6 +323,15 @@ def test_commit_vote_over_the_group_agrees_on_every_rank() -> None:
         assert out == [[want], [want]], (votes, out)
     out = run_distributed(_vote_rank, 2, [True, True], [3, 4], init_pg=True)
     assert all("vote on different steps [3, 4]" in o[0] for o in out), out
+
+
+def test_replica_groups_average_over_nccl_on_a_gpu_and_gloo_on_the_cpu() -> None:
+    from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+
+    from shardwise.strategies.fault_tolerance import replica_process_group
+
+    assert replica_process_group("cpu") is ProcessGroupGloo
+    assert replica_process_group(torch.device("cuda", 1)) is ProcessGroupNCCL
 
 
 # ---------------------------------------------------------------------- training

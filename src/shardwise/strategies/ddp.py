@@ -126,7 +126,9 @@ class DDPStrategy(BaseStrategy):
         if self._sync_bn == "torch":
             model = convert_sync_batchnorm(model, self.device.type)
         if self.fault_tolerance_cfg is not None:
-            self.fault_tolerance = FaultTolerance(self.fault_tolerance_cfg, logger=self.logger)
+            self.fault_tolerance = FaultTolerance(
+                self.fault_tolerance_cfg, logger=self.logger, device=self.device
+            )
             return self.fault_tolerance.wrap_ddp(
                 self._model_wrapper_cfg, model, MODEL_WRAPPERS.build
             )

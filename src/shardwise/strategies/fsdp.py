@@ -746,7 +746,9 @@ def _attach_ft(strategy: FSDPStrategy) -> None:
     and average the gradient shards across the live replica groups before each step."""
     cfg = strategy.fault_tolerance_cfg
     if cfg is not None and strategy.fault_tolerance is None:
-        strategy.fault_tolerance = FaultTolerance(cfg, logger=strategy.logger, multi_rank=True)
+        strategy.fault_tolerance = FaultTolerance(
+            cfg, logger=strategy.logger, multi_rank=True, device=strategy.device
+        )
     if strategy.fault_tolerance is not None:
         strategy.fault_tolerance.attach(
             strategy.checkpointer,
