@@ -254,6 +254,22 @@ def test_unreachable_lighthouse_fails_in_one_line_within_connect_timeout(tmp_pat
     assert time.time() - start < 60
 
 
+def test_unreachable_lighthouse_fails_on_every_rank_of_an_ft_hsdp_group(tmp_path) -> None:
+    """Rank 0 of the group runs the manager server that reaches the lighthouse; rank 1, which
+    waits for it, fails too, in one line naming the lighthouse and the timeout."""
+    address = f"http://127.0.0.1:{_free_port()}"
+    shard = dict(dp_shard=2)
+    args = [_ft_args(tmp_path, 0, 2, address, 2, rank=r, parallelism=shard) for r in range(2)]
+    port, start = _free_port(), time.time()
+    procs = [_spawn(a, rank=r, world=2, port=port) for r, a in enumerate(args)]
+    _wait(procs, time.time() + 120, "the workers", [a["log"] for a in args])
+    for a, p in zip(args, procs, strict=True):
+        err = Path(a["log"]).with_suffix(".err").read_text()
+        assert p.returncode != 0
+        assert f"could not reach the lighthouse {address} within connect_timeout=5.0s" in err, err
+    assert time.time() - start < 90
+
+
 def test_a_replica_group_of_two_ranks_is_refused_on_both(tmp_path) -> None:
     args = [_ft_args(tmp_path, 0, 2, "http://127.0.0.1:1", steps=2, rank=r) for r in range(2)]
     port = _free_port()
