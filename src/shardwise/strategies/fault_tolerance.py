@@ -27,7 +27,7 @@ among the groups live in that step's quorum (the step in progress when a group d
 redone by the survivors, since its commit fails).
 
 The step's cost over plain data parallelism is kept small: the commit vote of a group's ranks
-is one all-reduce over the group's own process group (torchft's ``should_commit`` keeps its
+is one all-gather over the group's own process group (torchft's ``should_commit`` keeps its
 bookkeeping), and the next step's quorum is requested as soon as a step's vote ends, so that
 the lighthouse round trip runs during the optimizer step and whatever the loop does up to
 the next :meth:`FaultTolerance.start_step`, which awaits it. The data of a step still follows
