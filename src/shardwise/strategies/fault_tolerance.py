@@ -181,6 +181,25 @@ def replica_process_group(device: torch.device | str) -> type:
     return ProcessGroupNCCL if torch.device(device).type == "cuda" else ProcessGroupGloo
 
 
+def _vote_device(group_world_size: int) -> torch.device | None:
+    """Where a replica group's ranks take their commit vote, if over their own process group
+    rather than by torchft's manager server (None): a group of one rank votes alone; a group
+    of several ranks that form the default process group votes over it, on the CPU with gloo
+    in it, else on the rank's GPU with NCCL."""
+    import torch.distributed as tdist
+
+    if group_world_size == 1:
+        return torch.device("cpu")
+    if not tdist.is_initialized() or tdist.get_world_size() != group_world_size:
+        return None
+    backend = str(tdist.get_backend())
+    if "gloo" in backend:
+        return torch.device("cpu")
+    if "nccl" in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
 def _clone(obj: Any) -> Any:
     """``obj`` with every tensor copied (what is served to a healing peer must not change
     while training goes on)."""
@@ -342,7 +361,8 @@ class FaultTolerance:
                 f"({_first_line(e)}); start `torchft_lighthouse` there or fix "
                 "fault_tolerance.lighthouse"
             ) from e
-        self._recorder = _QuorumRecorder(self.manager._client, self._vote_device())
+        vote = _vote_device(self.group_world_size) if self.commit_over_pg else None
+        self._recorder = _QuorumRecorder(self.manager._client, vote)
         self.manager._client = self._recorder
         self._checkpointer: Any = None
         self._params: Any = None
@@ -442,26 +462,6 @@ class FaultTolerance:
     early_quorum = True
     #: Take the commit vote over the replica group's own process group (one rank: none).
     commit_over_pg = True
-
-    def _vote_device(self) -> torch.device | None:
-        """Where the commit vote is taken, if here rather than by torchft's manager server
-        (None): a group of one rank votes alone; a group of several ranks that form the
-        default process group votes over it, on the CPU with gloo in it, else on the rank's
-        GPU with NCCL."""
-        import torch.distributed as tdist
-
-        if not self.commit_over_pg:
-            return None
-        if self.group_world_size == 1:
-            return torch.device("cpu")
-        if not tdist.is_initialized() or tdist.get_world_size() != self.group_world_size:
-            return None
-        backend = str(tdist.get_backend())
-        if "gloo" in backend:
-            return torch.device("cpu")
-        if "nccl" in backend and torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        return None
 
     def _install_reduce_hooks(self, model: nn.Module) -> set[int]:
         """Set :meth:`reduce_hook` on every ``fully_shard``-ed module of ``model``; the ids
