@@ -128,6 +128,18 @@ def _release_when_ready(
     hold.unlink()
 
 
+def _plain_steps(tmp: Path, cfg: Path, nproc: list[str]) -> dict:
+    """The reference: ``cfg`` trained without fault tolerance (``--nproc-per-node`` and what
+    follows it: ``nproc``), its step records by (iteration, part)."""
+    log = tmp / "plain.jsonl"
+    plain = _shardwise(
+        ["train", str(cfg), "--nproc-per-node", *nproc, "--work-dir", str(tmp / "wdp")], log
+    )
+    _wait([plain], time.time() + 300, "the plain run", [str(log)])
+    assert plain.returncode == 0
+    return {(r["iter"], r["part"]): r for r in _steps(log)}
+
+
 def _steps(path: Path) -> list[dict]:
     return [r for r in _records(path) if "iter" in r and "loss" in r]
 
@@ -234,17 +246,8 @@ def test_runner_without_failures_equals_a_plain_ddp_run(tmp_path, by_epoch) -> N
         _stop(lighthouse)
     finally:
         lighthouse.kill()
-    plain_log = tmp_path / "plain.jsonl"
-    plain = _shardwise(
-        ["train", str(_config(tmp_path, "plain", length, None)), "--nproc-per-node", "2"]
-        + ["--work-dir", str(tmp_path / "wdp")],
-        plain_log,
-    )
-    _wait([plain], time.time() + 300, "the plain run", [str(plain_log)])
-    assert plain.returncode == 0
-
+    plain_steps = _plain_steps(tmp_path, _config(tmp_path, "plain", length, None), ["2"])
     ft_steps = {(r["iter"], r["part"]): r for log in logs for r in _steps(log)}
-    plain_steps = {(r["iter"], r["part"]): r for r in _steps(plain_log)}
     assert len(plain_steps) == iters * 2 and sorted(ft_steps) == sorted(plain_steps)
     for key, rec in plain_steps.items():
         assert ft_steps[key]["parts"] == 2
@@ -293,19 +296,10 @@ def test_runner_ft_hsdp_without_failures_equals_a_plain_hsdp_run(tmp_path) -> No
     if "RUST_LOG" not in os.environ:  # else torchft's manager: six info lines a step
         for log in logs:
             assert "Finished quorum" not in log.with_suffix(".err").read_text()
-    plain_log = tmp_path / "plain.jsonl"
     hsdp = dict(dp_replicate=groups, dp_shard=dp)
-    plain = _shardwise(
-        ["train", str(_config(tmp_path, "plain", iters, None, parallelism=hsdp))]
-        + ["--nproc-per-node", str(ranks), "--master-port", str(_free_port())]
-        + ["--work-dir", str(tmp_path / "wdp")],
-        plain_log,
-    )
-    _wait([plain], time.time() + 300, "the plain run", [str(plain_log)])
-    assert plain.returncode == 0
-
+    cfg = _config(tmp_path, "plain", iters, None, parallelism=hsdp)
+    plain_steps = _plain_steps(tmp_path, cfg, [str(ranks), "--master-port", str(_free_port())])
     ft_steps = {(r["iter"], r["part"]): r for log in logs for r in _steps(log)}
-    plain_steps = {(r["iter"], r["part"]): r for r in _steps(plain_log)}
     assert len(plain_steps) == iters * ranks and sorted(ft_steps) == sorted(plain_steps)
     for key, rec in plain_steps.items():
         assert ft_steps[key]["parts"] == ranks
