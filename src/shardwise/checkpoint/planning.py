@@ -75,6 +75,7 @@ __all__ = [
     "TensorLayout",
     "check_coverage",
     "describe",
+    "list_empty",
     "fragment_name",
     "fragments_for",
     "index_files",
@@ -439,6 +440,20 @@ def fragments_for(layout: SaveLayout, wanted: Mapping[str, list[Chunk]]) -> list
                 }
             ranks |= writers
     return sorted(ranks)
+
+
+def list_empty(metadata: Metadata, layout: SaveLayout, wanted: Mapping[str, list[Chunk]]) -> None:
+    """Give ``metadata`` an entry without chunks for every wanted tensor this rank needs no
+    element of and no fragment it read lists: its shard is empty (fewer rows than ranks: a
+    1-output bias, a ``[1, 1, D]`` token on 2 ranks), yet DCP's planner wants every key of
+    the state it loads in the metadata, and plans no read for an entry without chunks."""
+    md = metadata.state_dict_metadata
+    for key, chunks in wanted.items():
+        if key in md or any(math.prod(chunk[1]) for chunk in chunks):
+            continue  # an entry, or elements to read: check_coverage judges it
+        t = layout.tensors[key]
+        properties = TensorProperties(dtype=_dtype(t.dtype))
+        md[key] = TensorStorageMetadata(properties=properties, size=torch.Size(t.shape), chunks=[])
 
 
 def merge_fragments(fragments: Iterable[Metadata]) -> Metadata:

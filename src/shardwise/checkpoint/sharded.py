@@ -534,11 +534,13 @@ def _load_from_fragments(
     the fragments are checked against the manifest before they are trusted, and the chunks
     read against the checksums the fragments record (:class:`~.manifest.ReadCheck`)."""
     wanted = planning.wanted_chunks(targets)
-    ranks = planning.fragments_for(planning.read_layout(path), wanted)
+    layout = planning.read_layout(path)
+    ranks = planning.fragments_for(layout, wanted)
     if check is not None:
         check.check_now(planning.fragment_name(rank) for rank in ranks)
     metadata = planning.read_fragments(path, ranks)
     planning.check_coverage(metadata, wanted, str(path))
+    planning.list_empty(metadata, layout, wanted)
     with warnings.catch_warnings():  # no_dist is what we asked for
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
