@@ -167,7 +167,9 @@ def test_frozen_parameters_are_left_out_when_rules_apply(caplog):
 def test_shared_parameters_need_bypass_duplicate(caplog):
     model = ExampleModel()
     model.conv3 = nn.Sequential(model.conv1)  # conv1's weight under a second name
-    with pytest.raises(ValueError, match="more than one parameter group"):
+    with pytest.raises(
+        ValueError, match=r"more than one parameter group: conv3\.0\.weight .*bypass_duplicate=True"
+    ):
         DefaultOptimizerConstructor(dict(optimizer=SGD_CFG), PARAMWISE)(model)
     paramwise_cfg = dict(PARAMWISE, bypass_duplicate=True)
     with caplog.at_level(logging.WARNING, logger="shardwise"):

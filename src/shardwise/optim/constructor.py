@@ -267,7 +267,14 @@ class DefaultOptimizerConstructor:
         for name, param in module.named_parameters(recurse=False):
             full_name = f"{prefix}.{name}" if prefix else name
             group: dict[str, Any] = {"params": [param]}
-            if bypass_duplicate and any(param is p for g in params for p in g["params"]):
+            if any(param is p for g in params for p in g["params"]):
+                if not bypass_duplicate:
+                    raise ValueError(
+                        f"some parameters appear in more than one parameter group: {full_name} "
+                        "is a parameter already added under another name (tied weights); set "
+                        "paramwise_cfg=dict(bypass_duplicate=True, ...) to give it to the "
+                        "optimizer once"
+                    )
                 logger.warning(
                     "%s is a duplicate parameter; it is skipped since bypass_duplicate=True",
                     full_name,
