@@ -119,6 +119,44 @@ def test_a_state_that_does_not_fit_refuses_the_resume_before_anything_loads(tmp_
     assert not model.weight.any()  # the model was not loaded either
 
 
+class PickyOnRank1(Counter):
+    """Fits everywhere but on rank 1 (a pipeline stage's part of a checkpoint may not fit)."""
+
+    def fit_state_dict(self, saved):
+        import torch.distributed as dist
+
+        return saved, ["counter: rank 1's part does not fit"] * (dist.get_rank() == 1)
+
+    def load_state_dict(self, state_dict):
+        import torch.distributed as dist
+
+        dist.barrier()  # a collective, as a sharded load has: a rank alone here would hang
+        super().load_state_dict(state_dict)
+
+
+def _resume_refused_on_rank1(work_dir):
+    import torch.distributed as dist
+
+    model = torch.nn.Linear(3, 2)
+    layout = Layout(FULL, rank=dist.get_rank())
+    checkpointer = Checkpointer(work_dir, {"state_dict": model}, layout)
+    checkpointer.register("counter", PickyOnRank1())
+    checkpointer.save("c.pth")
+    try:
+        checkpointer.resume("c.pth", resume_optimizer=False)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_resume_refused_on_one_rank_is_refused_on_every_rank_without_a_hang(tmp_path):
+    from tests.distributed import run_distributed
+
+    errors = run_distributed(_resume_refused_on_rank1, 2, str(tmp_path), init_pg=True, timeout=60)
+    assert "rank 1's part does not fit" in errors[1]
+    assert "failed on rank 1" in errors[0] and "rank 1's part does not fit" in errors[0]
+
+
 def test_registering_refuses_what_is_not_stateful_and_the_meta_key(tmp_path):
     checkpointer = Checkpointer(tmp_path)
     with pytest.raises(TypeError, match="has no state_dict"):

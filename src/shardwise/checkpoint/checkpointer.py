@@ -41,6 +41,7 @@ import torch
 import shardwise
 from shardwise.env import gc_paused
 
+from .agreement import on_every_rank
 from .async_save import AsyncCheckpointer
 from .commit import CheckpointCommit
 from .files import CheckpointError
@@ -484,7 +485,10 @@ class Checkpointer:
                 "optim_wrapper to prepare() or resume(..., resume_optimizer=False)"
             )
         checkpoint = self.read(filename, map_location, verify_checksums)
-        entries = self._fit(filename, checkpoint, self._selected(skip))
+        entries = on_every_rank(  # refused on every rank, or by none
+            lambda: self._fit(filename, checkpoint, self._selected(skip)),
+            f"resuming from {filename}",
+        )
         if callback is not None:
             callback(checkpoint)
         meta = checkpoint.get("meta", {})
@@ -521,9 +525,9 @@ class Checkpointer:
                 problems += found
             entries[key] = entry
         if problems:
-            raise CheckpointError(
-                f"refusing to resume from {filename}: it does not fit this run, and nothing was "
-                "loaded:\n  " + "\n  ".join(problems) + "\nTo start a new run from its "
+            raise CheckpointError(  # one line: what every rank tells the others
+                f"refusing to resume from {filename}: it does not fit this run "
+                f"({'; '.join(problems)}), and nothing was loaded. To start a new run from its "
                 "weights, use load_from (it loads the parameters that fit and no optimizer state)"
             )
         return entries
