@@ -35,11 +35,13 @@ class StrategyCheckpoints:
         checkpointer.register(
             "state_dict", ModelState(self.model, logger=self.logger, post=self._offload, **options)
         )
+        mappings: Any = dict
         if hasattr(self, "optim_wrapper"):
             wrappers = OptimizersState(self.model, self._wrappers, post=self._offload, **options)
             checkpointer.register("optimizer", wrappers)
+            mappings = lambda: wrappers.group_mappings  # noqa: E731 - read at each resume
         if hasattr(self, "param_schedulers"):
-            schedulers = SchedulersState(lambda: self.param_schedulers)
+            schedulers = SchedulersState(lambda: self.param_schedulers, mappings)
             checkpointer.register("param_schedulers", schedulers)
 
         def reseed(seed: int) -> None:

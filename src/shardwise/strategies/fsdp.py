@@ -74,14 +74,13 @@ from .parallelize import (
 from .pipeline import (
     Pipeline,
     PipelinePlan,
-    PipelineShardedFormat,
-    StagePart,
     adopt_stage_parameters,
     check_split_backward,
     parse_pipeline,
     plan_pipeline,
     split_model,
 )
+from .pipeline_checkpoint import PipelineShardedFormat, StagePart
 from .tensor_parallel import (
     TensorParallelPlan,
     apply_tensor_parallel,
@@ -557,7 +556,10 @@ class FSDPStrategy(BaseStrategy):
         """
         model = model if model is not None else self.model
         rebound = self._rebinder.rebind(optim_wrapper, model, self.device.type)
-        return super().build_optim_wrapper(rebound, model)
+        built = super().build_optim_wrapper(rebound, model)
+        for part in optim_wrapper_parts(built).values():
+            _check_steps_dtensors(part_optimizer(part))
+        return built
 
     def _adopt_scheduler(self, scheduler: _ParamScheduler, optim_wrapper: Any) -> _ParamScheduler:
         """Point a pre-built scheduler at the rebuilt optimizer (kept, with its state)."""
@@ -580,7 +582,8 @@ class FSDPStrategy(BaseStrategy):
     def _load_options(self, state: Any) -> StateDictOptions:
         """DTensors load shard to shard. Full tensors are taken from rank 0 (the others may
         hold placeholders), but under pipeline stages every rank holds its own stage's
-        (:class:`~.pipeline.StagePart`), loaded as they are or onto the stage's shards."""
+        (:class:`~.pipeline_checkpoint.StagePart`), loaded as they are or onto the stage's
+        shards."""
         if contains(DTensor, state):
             return StateDictOptions(full_state_dict=False)
         if self.pipeline is not None:
@@ -590,7 +593,7 @@ class FSDPStrategy(BaseStrategy):
     # ------------------------------------------------------------------ checkpoints
     def _register_states(self) -> None:
         """As :meth:`BaseStrategy._register_states`; a pipeline stage's model and optimizer
-        states take their own part of a checkpoint (:class:`~.pipeline.StagePart`)."""
+        states take their own part of a checkpoint (:class:`~.pipeline_checkpoint.StagePart`)."""
         super()._register_states()
         _attach_ft(self)
         if self.pipeline is None:
@@ -632,7 +635,8 @@ class _Placement:
 
     def __init__(self, model: nn.Module, path: Path) -> None:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self._params = {clean_name(n): p for n, p in model.named_parameters()}
+        named = model.named_parameters(remove_duplicate=False)  # a tied weight by every name
+        self._params = {clean_name(n): p for n, p in named}
         self._path = path
 
     def tensor_for(self, path: tuple[str, ...], shape: torch.Size, dtype: torch.dtype) -> Any:
@@ -669,6 +673,30 @@ class _Placement:
             stride=param.stride(),
             run_check=False,
         )
+
+
+#: torch optimizers whose step cannot change a DTensor shard in place (torch 2.13), and why
+_NO_DTENSOR_STEP = {
+    torch.optim.Rprop: "it assigns through a boolean mask (index_put_)",
+    torch.optim.Adafactor: "it raises a factor in place (pow_)",
+}
+
+
+def _check_steps_dtensors(optimizer: torch.optim.Optimizer | None) -> None:
+    """Refuse, before the first step, an optimizer that would fail on the first step over
+    DTensor parameters (sharded or tensor-parallel), naming why and what to use instead."""
+    name = type(optimizer).__name__
+    why = _NO_DTENSOR_STEP.get(type(optimizer))
+    if why is None or not any(
+        isinstance(p, DTensor) for g in optimizer.param_groups for p in g["params"]
+    ):
+        return
+    raise ValueError(
+        f"optimizer {name} cannot step the sharded (DTensor) parameters of FSDPStrategy with "
+        f"torch {torch.__version__}: {why}, which DTensor does not support in place. Use "
+        "another optimizer (AdamW, SGD, RMSprop, Adagrad, ...), or DDPStrategy (plain "
+        "parameters)"
+    )
 
 
 def _fsdp_only_settings(config: FSDPConfig) -> list[str]:

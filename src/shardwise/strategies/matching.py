@@ -30,10 +30,13 @@ from shardwise.checkpoint.mmengine_compat import optimizer_state_by_name
 from .parallelize import clean_name
 
 __all__ = [
+    "PER_GROUP_KEYS",
     "StateDictDiff",
     "model_mismatches",
     "optimizer_mismatches",
     "optimizer_states_by_name",
+    "regroup_optimizer_state",
+    "regroup_scheduler_states",
     "scheduler_mismatches",
     "revise_state_dict_keys",
     "state_dict_diff",
@@ -99,20 +102,129 @@ def model_mismatches(state_dict: Mapping[str, Any], model: nn.Module) -> list[st
 
 
 def optimizer_states_by_name(
-    saved: Mapping[str, Any], optimizers: Mapping[str, torch.optim.Optimizer], model: nn.Module
+    saved: Mapping[str, Any],
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    model: nn.Module,
+    mappings: dict[str, list[int]] | None = None,
 ) -> dict[str, Any]:
     """The saved optimizer state of each of ``optimizers`` (``{'': optimizer}`` for a single
     one, whose state is ``saved`` itself), keyed by parameter name where the checkpoint
-    numbers them (mmengine's; see :func:`optimizer_state_by_name`). A state that does not fit
-    its optimizer is left as it is, for :func:`optimizer_mismatches` to report."""
+    numbers them (mmengine's; see :func:`optimizer_state_by_name`), its parameter groups
+    regrouped as the optimizer groups its parameters (:func:`regroup_optimizer_state`; each
+    regrouping's saved-group indices go into ``mappings``, by optimizer name). A state that
+    does not fit its optimizer is left as it is, for :func:`optimizer_mismatches` to report."""
     states = {"": saved} if "" in optimizers else dict(saved)
+    names = {id(p): clean_name(n) for n, p in model.named_parameters()}
     for key, optimizer in optimizers.items():
         if key in states:
             try:
                 states[key] = optimizer_state_by_name(states[key], optimizer, model)
+                states[key], mapping = regroup_optimizer_state(states[key], optimizer, names)
             except ValueError:
-                pass
+                continue
+            if mapping is not None and mappings is not None:
+                mappings[key] = mapping
     return states
+
+
+#: A scheduler's lists with one entry per parameter group of its optimizer (shardwise's and
+#: mmengine's schedulers; torch's own), which follow a regrouping of the optimizer's groups.
+PER_GROUP_KEYS = ("base_values", "_last_value", "_eta_maxes", "base_lrs", "_last_lr")
+
+
+def _settings(group: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in group.items() if k != "params"}
+
+
+def _same_settings(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two parameter groups have the same settings (everything but ``params``)."""
+    a, b = _settings(a), _settings(b)
+    if a.keys() != b.keys():
+        return False
+    for key, value in a.items():
+        other = b[key]
+        if isinstance(value, torch.Tensor) or isinstance(other, torch.Tensor):
+            if not (
+                isinstance(value, torch.Tensor)
+                and isinstance(other, torch.Tensor)
+                and torch.equal(value, other)
+            ):
+                return False
+        elif value != other:
+            return False
+    return True
+
+
+def regroup_optimizer_state(
+    state: Mapping[str, Any], optimizer: torch.optim.Optimizer, names: Mapping[int, str]
+) -> tuple[dict[str, Any], list[int] | None]:
+    """``state`` (keyed by parameter name) with its parameter groups laid out as
+    ``optimizer``'s, and for each of them the index of the saved group its settings come from
+    (None: the groups line up already, nothing changed).
+
+    The same parameters may be grouped otherwise in the checkpoint than here: a pipeline stage
+    holds its own parameters of each group, a checkpoint written by pipeline stages holds one
+    group per stage and group, a run with ``paramwise_cfg`` one group per parameter. Every
+    parameter keeps the settings it was saved with (learning rate, betas, ``initial_lr`` ...);
+    a group here may gather parameters of several saved groups when they were saved with the
+    same settings. ``names``: parameter id to name.
+
+    Raises:
+        ValueError: a parameter here is in no saved group, a saved one is in no group here, or
+            a group here gathers parameters saved with different settings.
+    """
+    saved_groups = state["param_groups"]
+    here = [[names.get(id(p), "?") for p in g["params"]] for g in optimizer.param_groups]
+    if len(saved_groups) == len(here) and all(
+        set(map(str, saved["params"])) == set(group) for saved, group in zip(saved_groups, here)
+    ):
+        return dict(state), None
+    where: dict[str, int] = {}
+    for index, saved in enumerate(saved_groups):
+        for name in map(str, saved["params"]):
+            where.setdefault(name, index)
+    missing = [name for group in here for name in group if name not in where]
+    extra = sorted(set(where) - {name for group in here for name in group})
+    if missing or extra:
+        raise ValueError(
+            f"parameters only here: {_listed(missing) or '-'}; only in the checkpoint: "
+            f"{_listed(extra) or '-'}"
+        )
+    groups, mapping = [], []
+    for i, group in enumerate(here):
+        sources = sorted({where[name] for name in group})
+        first = sources[0] if sources else 0
+        for other in sources[1:]:
+            if not _same_settings(saved_groups[first], saved_groups[other]):
+                differ = sorted(
+                    k
+                    for k in _settings(saved_groups[first]).keys() | _settings(saved_groups[other])
+                    if not _same_settings(
+                        {k: saved_groups[first].get(k)}, {k: saved_groups[other].get(k)}
+                    )
+                )
+                raise ValueError(
+                    f"group {i} here holds parameters saved in groups {first} and {other}, "
+                    f"whose settings differ ({', '.join(differ)})"
+                )
+        groups.append({**_settings(saved_groups[first]), "params": list(group)})
+        mapping.append(first)
+    return {**state, "param_groups": groups}, mapping
+
+
+def regroup_scheduler_states(states: Sequence[Any], mapping: Sequence[int]) -> list[Any]:
+    """Scheduler states whose per-group lists (:data:`PER_GROUP_KEYS`) follow the optimizer's
+    regrouping (``mapping``: for each group, the saved group it came from)."""
+    regrouped = []
+    for state in states:
+        if isinstance(state, Mapping):
+            state = dict(state)
+            for key in PER_GROUP_KEYS:
+                values = state.get(key)
+                if isinstance(values, list | tuple) and len(values) > max(mapping, default=-1):
+                    state[key] = [values[i] for i in mapping]
+        regrouped.append(state)
+    return regrouped
 
 
 def optimizer_mismatches(
@@ -129,9 +241,14 @@ def optimizer_mismatches(
             continue
         saved_groups = states[key]["param_groups"]
         if len(saved_groups) != len(optimizer.param_groups):
+            try:
+                regroup_optimizer_state(states[key], optimizer, names)
+                why = ""
+            except ValueError as exc:
+                why = f", and they cannot be regrouped: {exc}"
             problems.append(
                 f"{label}: {len(saved_groups)} parameter group(s) in the checkpoint, "
-                f"{len(optimizer.param_groups)} here"
+                f"{len(optimizer.param_groups)} here{why}"
             )
             continue
         for i, (saved, here) in enumerate(zip(saved_groups, optimizer.param_groups)):

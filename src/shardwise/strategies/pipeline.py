@@ -59,19 +59,12 @@ import torch
 import torch.distributed as torch_dist
 import torch.nn as nn
 
-from shardwise.checkpoint.formats import SHARDED
-from shardwise.checkpoint.full import save_full_checkpoint
-from shardwise.checkpoint.sharded import META_FILE, _split
 from shardwise.registry import FUNCTIONS
-from shardwise.tree import leaves as pytree_leaves
-from shardwise.tree import map_tensors
 
 __all__ = [
     "SCHEDULE_NAMES",
     "Pipeline",
     "PipelineConfig",
-    "PipelineShardedFormat",
-    "StagePart",
     "PipelinePlan",
     "build_schedule",
     "check_microbatches",
@@ -608,141 +601,3 @@ def _to(value: Any, device: torch.device) -> Any:
 def _batch_size(inputs: Any) -> int:
     first = inputs[0] if isinstance(inputs, tuple) else inputs
     return int(first.shape[0])
-
-
-# ---------------------------------------------------------------------------- checkpoints
-_TENSOR_SECTIONS = ("state_dict", "optimizer")
-
-
-class PipelineShardedFormat(type(SHARDED)):  # type: ignore[misc]
-    """The sharded format written and read by pipeline stages: one checkpoint of the unsplit
-    model's names, as a run without stages writes it.
-
-    Every rank writes its stage's tensors through DCP as usual; the skeleton (``meta.pt``,
-    which names every tensor) is the union of the stages' skeletons (parameters, optimizer
-    state and each parameter group's names), so that the checkpoint loads without stages, on
-    one device, or under another pipeline degree (where :class:`StagePart` takes each stage's
-    part of it).
-    """
-
-    def write(self, state, staging, *, rank, group=None, plan=None):  # type: ignore[override]
-        written = super().write(state, staging, rank=rank, group=group, plan=plan)
-        sections = {k: _split(k, state[k], {}) for k in _TENSOR_SECTIONS if k in state}
-        size = torch_dist.get_world_size(group)
-        gathered: list[Any] = [None] * size if rank == 0 else []
-        torch_dist.gather_object(sections, gathered or None, group=group, group_dst=0)
-        if rank != 0:
-            return written
-        skeleton = {k: v for k, v in state.items() if k not in sections}
-        for key in sections:
-            skeleton[key] = _merge([g[key] for g in gathered])
-        meta = staging / META_FILE
-        kept = [w for w in written if getattr(w, "path", w) != meta]
-        return [*kept, save_full_checkpoint(skeleton, meta)]
-
-
-def _merge(parts: Sequence[Any]) -> Any:
-    """The union of the stages' skeletons: dicts key by key, lists of names in order (a
-    parameter group's ``params``), lists of equal length item by item, else the first."""
-    first = parts[0]
-    if all(isinstance(p, Mapping) for p in parts):
-        merged: dict[str, Any] = {}
-        for part in parts:
-            for key, value in part.items():
-                merged[key] = _merge([merged[key], value]) if key in merged else value
-        return type(first)(merged) if not isinstance(first, dict) else merged
-    if all(isinstance(p, list) for p in parts):
-        if all(isinstance(x, str) for p in parts for x in p):
-            return list(dict.fromkeys(x for p in parts for x in p))
-        if len({len(p) for p in parts}) == 1:
-            return [_merge(list(items)) for items in zip(*parts, strict=True)]
-    return first
-
-
-def _own_part(skeleton: dict[str, Any], own: set[str]) -> dict[str, Any]:
-    """The skeleton without the parameters (and their optimizer state and group entries) of
-    other stages."""
-    result = dict(skeleton)
-    if isinstance(skeleton.get("state_dict"), Mapping):
-        result["state_dict"] = {k: v for k, v in skeleton["state_dict"].items() if k in own}
-    optim = skeleton.get("optimizer")
-    if isinstance(optim, Mapping):
-        result["optimizer"] = _own_optimizer(optim, own)
-    return result
-
-
-def _own_optimizer(optim: Mapping[str, Any], own: set[str]) -> Any:
-    if "param_groups" not in optim:  # several optimizers, by name
-        return {
-            k: _own_optimizer(v, own) if isinstance(v, Mapping) else v for k, v in optim.items()
-        }
-    result = dict(optim)
-    state = optim.get("state")
-    if isinstance(state, Mapping):
-        result["state"] = {k: v for k, v in state.items() if not isinstance(k, str) or k in own}
-    result["param_groups"] = [
-        {**g, "params": [p for p in g["params"] if not isinstance(p, str) or p in own]}
-        for g in optim["param_groups"]
-    ]
-    return result
-
-
-def _from_rank0(state: Any, device: torch.device) -> Any:
-    """``state`` with rank 0's tensors on every rank when some rank holds placeholders (a full
-    checkpoint is read by rank 0 only; the others get meta tensors of its shapes): every
-    stage needs its own part of it. Unchanged otherwise. A collective of the world group."""
-    placeholders = any(isinstance(t, torch.Tensor) and t.is_meta for t in pytree_leaves(state))
-    flag = torch.tensor([int(placeholders)], device=device)
-    torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MAX)
-    if not flag.item():
-        return state
-
-    def send(tensor: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
-        if torch_dist.get_rank() == 0:
-            out.copy_(tensor)
-        torch_dist.broadcast(out, src=0)
-        return out.cpu()
-
-    return map_tensors(send, state)
-
-
-class StagePart:
-    """A registered checkpoint state (the model's or the optimizers') of a pipeline stage:
-    what it saves is its own, and of a checkpoint of the whole model it fits and loads the
-    entries that name this rank's parameters (``own_names()``), dropping the other stages'.
-    A full checkpoint (read by rank 0 alone) is first sent to every rank (on ``device``).
-
-    Every other call goes to ``state``."""
-
-    def __init__(
-        self,
-        key: str,
-        state: Any,
-        own_names: Callable[[], set[str]],
-        device: torch.device | str = "cpu",
-    ) -> None:
-        self._key, self._state, self._own_names = key, state, own_names
-        self._device = torch.device(device)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._state, name)
-
-    def _own(self, saved: Any) -> Any:
-        own = self._own_names()
-        own |= {f"module.{name}" for name in own}
-        if self._key == "optimizer" and isinstance(saved, Mapping):
-            return _own_optimizer(saved, own)
-        if isinstance(saved, Mapping):
-            return {k: v for k, v in saved.items() if not isinstance(k, str) or k in own}
-        return saved
-
-    def state_dict(self) -> Any:
-        return self._state.state_dict()
-
-    def load_state_dict(self, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
-        state_dict = _from_rank0(state_dict, self._device)
-        return self._state.load_state_dict(self._own(state_dict), *args, **kwargs)
-
-    def fit_state_dict(self, saved: Any) -> tuple[Any, list[str]]:
-        return self._state.fit_state_dict(self._own(_from_rank0(saved, self._device)))

@@ -27,6 +27,7 @@ from .matching import (
     model_mismatches,
     optimizer_mismatches,
     optimizer_states_by_name,
+    regroup_scheduler_states,
     revise_state_dict_keys,
     scheduler_mismatches,
     unwrap_model,
@@ -177,6 +178,9 @@ class OptimizersState:
             load_options,
             post,
         )
+        #: How the last fitted checkpoint's parameter groups were regrouped, by optimizer name
+        #: (for each group here, the saved group it came from); the schedulers follow it.
+        self.group_mappings: dict[str, list[int]] = {}
 
     @property
     def wrappers(self) -> Mapping[str, OptimWrapper]:
@@ -219,7 +223,8 @@ class OptimizersState:
         (mmengine's), and what keeps it from resuming these optimizers."""
         optimizers = {key: wrapper.optimizer for key, wrapper in self.wrappers.items()}
         model = unwrap_model(self.model)
-        by_name = optimizer_states_by_name(saved, optimizers, model)
+        self.group_mappings = {}
+        by_name = optimizer_states_by_name(saved, optimizers, model, self.group_mappings)
         return by_name.get(SINGLE, by_name), optimizer_mismatches(by_name, optimizers, model)
 
     def register_pre_change_hook(self, fn: Callable[[], None]) -> None:
@@ -230,10 +235,16 @@ class OptimizersState:
 
 class SchedulersState:
     """Each parameter scheduler's state, in order (a dict of lists by optimizer name for
-    several optimizers)."""
+    several optimizers). ``group_mappings()``: how the optimizers' saved parameter groups were
+    regrouped when they were fitted (:attr:`OptimizersState.group_mappings`); each scheduler's
+    per-group values follow."""
 
-    def __init__(self, schedulers: Callable[[], Any]) -> None:
-        self._schedulers = schedulers
+    def __init__(
+        self,
+        schedulers: Callable[[], Any],
+        group_mappings: Callable[[], Mapping[str, list[int]]] = dict,
+    ) -> None:
+        self._schedulers, self._group_mappings = schedulers, group_mappings
 
     def state_dict(self) -> Any:
         return map_schedulers(lambda s: s.state_dict(), self._schedulers())
@@ -242,6 +253,11 @@ class SchedulersState:
         load_scheduler_states(self._schedulers(), state_dict)
 
     def fit_state_dict(self, saved: Any) -> tuple[Any, list[str]]:
+        for name, mapping in self._group_mappings().items():
+            if name == SINGLE and isinstance(saved, list):
+                saved = regroup_scheduler_states(saved, mapping)
+            elif isinstance(saved, Mapping) and isinstance(saved.get(name), list):
+                saved = {**saved, name: regroup_scheduler_states(saved[name], mapping)}
         return saved, scheduler_mismatches(self._schedulers(), saved)
 
 
