@@ -1159,6 +1159,42 @@ def write_kill_campaign(rep: Report, res: dict[str, Any]) -> None:
             f"kill campaign: {s['corrupt']} corrupt resumes and {s['hang']} hangs in "
             f"{s['trials']} trials (target 0 and 0); see bench/kill_campaign.json"
         )
+    if "async" in res:
+        _write_async_kills(rep, res["async"])
+
+
+def _write_async_kills(rep: Report, res: dict[str, Any]) -> None:
+    s, m = res["summary"], res["machine"]
+    rep.add(
+        "",
+        f"**Asynchronous sharded saves** (`python bench/kill_campaign.py --async-trials "
+        f"{s['trials']}`, {m['date']}, {res['wall_s']:.0f} s, load {m['loadavg_at_start'][0]} "
+        "at start): a loop on 2 gloo ranks saves after every step with "
+        "`save_checkpoint(async_save=True, max_keep_ckpts=3)` and reports each return; both "
+        "ranks are SIGKILLed within 50 ms after the 2nd-5th reported save. The checkpoint a "
+        "resume picks must verify, load whole, and be at most one save behind the last one "
+        "reported (tests/async_kill.py).",
+        "",
+    )
+    rep.table(
+        ["trials", "ok", "more than one behind", "corrupt", "no save reported", "behind by"],
+        [
+            [
+                str(s["trials"]),
+                str(s["ok"]),
+                f"**{s['behind']}**",
+                f"**{s['corrupt']}**",
+                str(s["none"]),
+                ", ".join(map(str, s["behind_by"])),
+            ]
+        ],
+    )
+    if s["behind"] or s["corrupt"] or s["none"]:
+        rep.misses.append(
+            f"async kill campaign: {s['behind']} resumes more than one save behind, "
+            f"{s['corrupt']} corrupt, {s['none']} without a reported save in {s['trials']} "
+            "trials (target 0); see bench/kill_campaign.json"
+        )
 
 
 def _bytes(x: float) -> str:
