@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -505,9 +506,9 @@ def _cli_output(*argv: str) -> tuple[int, str]:
     return code, err.getvalue()
 
 
-def offline(case: Case, path: Path) -> tuple[Path, bool]:
-    """The operation's part between the runs, in this process: verify, convert; returns the
-    checkpoint the target reads and whether it loads weights only."""
+def offline(case: Case, path: Path, out: Path) -> tuple[Path, bool]:
+    """The operation's part between the runs, in this process: verify, convert (into
+    ``out``); returns the checkpoint the target reads and whether it loads weights only."""
     assert _cli("ckpt", "verify", str(path)) == 0, f"ckpt verify {path} failed"
     if case.operation == "resume" or refused(case):
         return path, False
@@ -517,7 +518,8 @@ def offline(case: Case, path: Path) -> tuple[Path, bool]:
         "safetensors": ["safetensors", "full"],
     }[case.operation]
     for i, to in enumerate(chain):
-        dst = path.parent / f"converted{i}.{'safetensors' if to == 'safetensors' else 'ckpt'}"
+        out.mkdir(parents=True, exist_ok=True)
+        dst = out / f"converted{i}.{'safetensors' if to == 'safetensors' else 'ckpt'}"
         assert _cli("ckpt", "convert", str(path), str(dst), "--to", to) == 0, (to, path)
         assert _cli("ckpt", "verify", str(dst)) == 0, f"ckpt verify {dst} failed"
         path = dst
@@ -526,21 +528,34 @@ def offline(case: Case, path: Path) -> tuple[Path, bool]:
 
 def round_trip(case: Case, tmp: str | os.PathLike[str]) -> tuple[list[Any], list[Any]]:
     """Run ``case``: the source's results and the target's, rank by rank."""
-    tmp = Path(tmp)
-    source_dir, target_dir = tmp / "source", tmp / "target"
-    n_source, n_target = LAYOUTS[case.source][0], LAYOUTS[case.target][0]
-    before = _on(n_source, source_run, case, str(source_dir))
-    if "error" in before[0]:
-        return before, before
-    reason = refused(case)
-    if reason == "convert":
-        saved, converted = source_dir / "ckpt", tmp / "c.ckpt"
-        assert _cli("ckpt", "verify", str(saved)) == 0
-        code, said = _cli_output("ckpt", "convert", str(saved), str(converted), "--to", "full")
-        return before, [dict(error=f"exit {code}: {said}", unchanged=not converted.exists())]
-    path, weights_only = offline(case, source_dir / "ckpt")
-    after = _on(n_target, target_run, case, str(target_dir), str(path), weights_only)
+    before, (after,) = round_trips(case, [case.target], tmp)
     return before, after
+
+
+def round_trips(
+    case: Case, targets: Sequence[str], tmp: str | os.PathLike[str]
+) -> tuple[list[Any], list[list[Any]]]:
+    """``case`` from one source run onto each of ``targets`` (``case.target`` ignored): the
+    source's results and each target's, rank by rank."""
+    tmp = Path(tmp)
+    source_dir = tmp / "source"
+    before = _on(LAYOUTS[case.source][0], source_run, case, str(source_dir))
+    if "error" in before[0]:
+        return before, [before for _ in targets]
+    afters = []
+    for target in targets:
+        each = dataclasses.replace(case, target=target)
+        target_dir = tmp / f"target-{target}"
+        if refused(each) == "convert":
+            saved, converted = source_dir / "ckpt", target_dir / "c.ckpt"
+            assert _cli("ckpt", "verify", str(saved)) == 0
+            code, said = _cli_output("ckpt", "convert", str(saved), str(converted), "--to", "full")
+            afters.append([dict(error=f"exit {code}: {said}", unchanged=not converted.exists())])
+            continue
+        path, weights_only = offline(each, source_dir / "ckpt", target_dir)
+        run = (each, str(target_dir), str(path), weights_only)
+        afters.append(_on(LAYOUTS[target][0], target_run, *run))
+    return before, afters
 
 
 def _on(world_size: int, fn: Any, *args: Any) -> list[Any]:

@@ -12,6 +12,7 @@ runs hundreds. A failure Hypothesis found and shrank is kept below as a named re
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -30,6 +31,7 @@ from tests.ckpt_matrix import (
     formats_of,
     layout_fits,
     round_trip,
+    round_trips,
 )
 
 #: examples per source layout: default suite, slow suite (SHARDWISE_MATRIX_EXAMPLES overrides)
@@ -116,6 +118,24 @@ def test_every_round_trip_keeps_the_state_and_the_next_loss_hundreds(source, tmp
         _check(case, tmp_path_factory)
 
     round_trips()
+
+
+# ----------------------------------------------------------------------------- empty shards
+#: a model whose head has one output (a [1, 4] weight, a [1] bias) and a [1, 1, 4] token: on 2
+#: or 3 ranks most ranks hold empty shards of them
+EMPTY_SHARDS = ModelSpec(vocab=1, width=4, hidden=(3,), cls=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["full", "sharded", "local"])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_empty_shards_resume_for_every_optimizer_and_format(optimizer, fmt, tmp_path_factory):
+    """The same layout, and resharded (2 -> 3 ranks; a local checkpoint: refused, untouched)."""
+    case = Case(model=EMPTY_SHARDS, optim=OptimSpec(optimizer), fmt=fmt)
+    targets = ("fsdp2", "fsdp3")
+    before, afters = round_trips(case, targets, tmp_path_factory.mktemp("case"))
+    for target, after in zip(targets, afters):
+        check_round_trip(dataclasses.replace(case, target=target), before, after)
 
 
 # ----------------------------------------------------------------------------- regressions
