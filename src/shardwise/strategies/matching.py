@@ -136,23 +136,17 @@ def _settings(group: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in group.items() if k != "params"}
 
 
-def _same_settings(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two parameter groups have the same settings (everything but ``params``)."""
+def _differing(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """The settings (everything but ``params``) in which two parameter groups differ."""
     a, b = _settings(a), _settings(b)
-    if a.keys() != b.keys():
-        return False
-    for key, value in a.items():
-        other = b[key]
-        if isinstance(value, torch.Tensor) or isinstance(other, torch.Tensor):
-            if not (
-                isinstance(value, torch.Tensor)
-                and isinstance(other, torch.Tensor)
-                and torch.equal(value, other)
-            ):
-                return False
-        elif value != other:
-            return False
-    return True
+    missing = object()
+
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            return torch.equal(x, y)
+        return not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor) and x == y
+
+    return sorted(k for k in a.keys() | b.keys() if not same(a.get(k, missing), b.get(k, missing)))
 
 
 def regroup_optimizer_state(
@@ -195,14 +189,8 @@ def regroup_optimizer_state(
         sources = sorted({where[name] for name in group})
         first = sources[0] if sources else 0
         for other in sources[1:]:
-            if not _same_settings(saved_groups[first], saved_groups[other]):
-                differ = sorted(
-                    k
-                    for k in _settings(saved_groups[first]).keys() | _settings(saved_groups[other])
-                    if not _same_settings(
-                        {k: saved_groups[first].get(k)}, {k: saved_groups[other].get(k)}
-                    )
-                )
+            differ = _differing(saved_groups[first], saved_groups[other])
+            if differ:
                 raise ValueError(
                     f"group {i} here holds parameters saved in groups {first} and {other}, "
                     f"whose settings differ ({', '.join(differ)})"
