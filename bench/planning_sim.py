@@ -135,7 +135,7 @@ def simulate(world: int, samples: dict[str, int], workdir: Path) -> dict[str, An
     from torch.distributed.checkpoint.storage import WriteResult
 
     from shardwise.checkpoint import planning
-    from shardwise.checkpoint.safe_dcp import load_dcp_metadata
+    from shardwise.checkpoint.dcp_index import load_dcp_metadata
 
     length = _record_length()
     sampled_ranks = set(samples.values())

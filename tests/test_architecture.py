@@ -11,6 +11,9 @@ submodule ``package.name`` where there is one.
   when every module is loaded, so it cannot take part in an import-time cycle.
 - The direction check counts every import, module-level or inside a function, type-only
   included: an import inside a function still makes the lower layer depend on the upper one.
+- Inside the packages of :data:`NO_DEFERRED_CYCLES` (``checkpoint``), imports inside
+  functions count for cycles too: a function-level import that closes a cycle there only hides
+  two modules that need each other (move what both need to the lower one).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ LAYERS: list[set[str]] = [
     {"optim", "checkpoint", "visualization"},
     {"registry", "config", "dist", "launch_env", "env", "logging", "dtypes", "tree"},
 ]
+
+#: The packages in which no import, not even one inside a function, closes a cycle.
+NO_DEFERRED_CYCLES = ("checkpoint",)
 
 #: ``shardwise/__init__.py`` holds ``__version__`` (imported from anywhere) and the lazy
 #: top-level accessor ``shardwise.build_strategy``: it is at the top for what it imports and
@@ -203,6 +209,26 @@ def test_no_import_cycle_between_modules():
     )
 
 
+def _cycles_inside(package: str, imports: Iterable[Import]) -> list[list[str]]:
+    """The cycles among the modules of ``shardwise.<package>``, every import counted (those
+    inside functions too; the package's ``__init__`` left out: its lazy accessors import the
+    modules below it on first use)."""
+    prefix = f"{ROOT}.{package}."
+    return find_cycles(
+        (i.source, i.target)
+        for i in imports
+        if i.source.startswith(prefix) and i.target.startswith(prefix)
+    )
+
+
+@pytest.mark.parametrize("package", NO_DEFERRED_CYCLES)
+def test_no_import_cycle_inside_the_package_even_through_function_level_imports(package):
+    cycles = _cycles_inside(package, _all_imports())
+    assert not cycles, f"import cycles inside shardwise.{package} (any import):\n" + "\n".join(
+        " -> ".join(cycle) for cycle in cycles
+    )
+
+
 def test_no_module_imports_from_a_layer_above_it():
     upward = [
         f"{i.source}:{i.line} imports {i.target}"
@@ -221,6 +247,13 @@ def test_the_checks_see_cycles_and_upward_imports():
     """The checks themselves, on made-up edges and on a real module's imports."""
     assert find_cycles([("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]) == [["a", "b", "c", "a"]]
     assert find_cycles([("a", "b"), ("b", "c")]) == []
+    deferred = [
+        Import("shardwise.checkpoint.a", "shardwise.checkpoint.b", 1, module_level=True),
+        Import("shardwise.checkpoint.b", "shardwise.checkpoint.a", 9, module_level=False),
+    ]
+    assert _cycles_inside("checkpoint", deferred) == [
+        ["shardwise.checkpoint.a", "shardwise.checkpoint.b", "shardwise.checkpoint.a"]
+    ]
     modules = _modules()
     targets = {i.target for i in imports_of("shardwise.dist", modules["shardwise.dist"], modules)}
     assert "shardwise.launch_env" in targets

@@ -16,10 +16,10 @@ import torch
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from shardwise.checkpoint import CheckpointError, planning
+from shardwise.checkpoint.dcp_index import load_dcp_metadata
 from shardwise.checkpoint.formats import SHARDED
 from shardwise.checkpoint.manifest import ReadCheck, write_manifest
 from shardwise.checkpoint.records import CHECKSUM, chunk_checksum, record_bytes
-from shardwise.checkpoint.safe_dcp import load_dcp_metadata
 from shardwise.checkpoint.sharded import (
     checked_whole,
     load_sharded_checkpoint,

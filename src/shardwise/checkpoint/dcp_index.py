@@ -1,41 +1,99 @@
-"""DCP's index of a sharded checkpoint directory (``.metadata``): read safely (an allow-list
-unpickler, :mod:`.safe_dcp`) and checked, so that a damaged index is named where it is read."""
+"""DCP's index of a sharded checkpoint (``.metadata``, or a rank's metadata fragment), read
+without executing anything from it and checked field by field, so that a damaged index is
+named where it is read.
+
+``torch.distributed.checkpoint`` reads its index with plain ``pickle.load``: a crafted
+``.metadata`` could run code. :func:`load_dcp_metadata` unpickles it with an allow-list of the
+inert classes DCP's metadata is made of (its own dataclasses, ``torch.Size``, dtypes, layouts,
+paths) and refuses entries that DCP would unpickle as arbitrary objects: shardwise stores only
+tensors in DCP. :func:`check_dcp_metadata` then checks the type of every field the readers use.
+
+This module is the bottom of the sharded format's modules: :mod:`.planning` (the fragments),
+:mod:`.safe_dcp` (the reader) and :mod:`.sharded` import it, it imports none of them.
+
+Example::
+
+    with open(path / DCP_METADATA, 'rb') as f:
+        metadata = load_dcp_metadata(f, source=str(path / DCP_METADATA))
+    check_dcp_metadata(metadata)
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import inspect
+import pickle
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint.metadata as dcp_metadata
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from .files import CheckpointError
-from .safe_dcp import SafeFileSystemReader
-from .sharded import DCP_METADATA
 
-__all__ = ["dcp_files", "read_dcp_metadata"]
+__all__ = ["DCP_METADATA", "check_dcp_metadata", "dcp_files", "load_dcp_metadata"]
+
+#: DCP's one index of every chunk (written by its central planner, or ``shardwise ckpt index``).
+DCP_METADATA = ".metadata"
+
+_ALLOWED_MODULE_CLASSES = {
+    name
+    for name, obj in vars(dcp_metadata).items()
+    if inspect.isclass(obj) and obj.__module__ == dcp_metadata.__name__
+}
+_ALLOWED = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # maps a layout's name to the layout object
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("collections", "OrderedDict"),
+}
 
 
-def read_dcp_metadata(path: Path) -> Any:
-    """DCP's index of a sharded checkpoint directory (``.metadata``; read with pickle)."""
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == dcp_metadata.__name__ and name in _ALLOWED_MODULE_CLASSES:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return super().find_class(module, name)
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"{module}.{name} is not one of the classes a DCP .metadata file is made of"
+        )
+
+
+def load_dcp_metadata(stream: Any, source: str = DCP_METADATA) -> Metadata:
+    """Unpickle a DCP ``.metadata`` stream with the allow-list; check it indexes tensors only."""
     try:
-        metadata = SafeFileSystemReader(path).read_metadata()
-        _check_dcp_metadata(metadata)
-        return metadata
-    except Exception as exc:  # noqa: BLE001 - a damaged .metadata fails in many ways
-        where = path / DCP_METADATA
-        if not where.is_file() and (path / "layout.json").is_file():
-            where = path / "__{rank}.metadata"  # the fragments, which the message names
+        metadata = _MetadataUnpickler(stream).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
         raise CheckpointError(
-            f"{where} cannot be read ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); the sharded checkpoint "
-            "is damaged or was cut short"
+            f"{source} is not a DCP metadata file shardwise can read safely: {exc}"
         ) from exc
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{source} holds a {type(metadata).__name__}, not DCP Metadata")
+    objects = sorted(
+        key
+        for key, entry in metadata.state_dict_metadata.items()
+        if not isinstance(entry, TensorStorageMetadata)
+    )
+    if objects:
+        raise CheckpointError(
+            f"{source} indexes pickled objects under {objects[:5]}: DCP would unpickle them "
+            "with arbitrary code execution; shardwise checkpoints store only tensors in DCP"
+        )
+    return metadata
 
 
-def _check_dcp_metadata(metadata: Any) -> None:
+def check_dcp_metadata(metadata: Any) -> None:
     """Check the type of every field the readers use, so that a ``.metadata`` whose pickle a
     damaged byte left readable but wrong (a memo reference pointing elsewhere) fails here,
-    where the file is named, rather than later with an unrelated error."""
+    where the file is named, rather than later with an unrelated error (TypeError)."""
 
     def ints(value: Any, what: str) -> None:
         if not (isinstance(value, tuple | list) and all(type(v) is int for v in value)):

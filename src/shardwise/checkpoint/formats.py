@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import torch
 
 from ..tree import map_tensors, map_with_path
-from .dcp_index import dcp_files, read_dcp_metadata
+from .dcp_index import dcp_files
 from .files import CheckpointError
 from .full import (
     WrittenFile,
@@ -57,7 +57,7 @@ from .local import load_local_checkpoint, local_ranks, rank_file, save_local_che
 from .manifest import ReadCheck, checksums_checked, read_manifest, recorded_files
 from .opened import MODEL, OpenCheckpoint, TensorInfo, map_infos, normalize
 from .planning import LAYOUT_FILE, index_files, is_fragmented
-from .safe_dcp import SafeFileSystemReader
+from .safe_dcp import SafeFileSystemReader, read_dcp_metadata
 from .safetensors_file import TORCH_DTYPES, is_safetensors_file, read_safetensors_header
 from .sharded import (
     DCP_METADATA,

@@ -67,6 +67,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from .dcp_index import DCP_METADATA, check_dcp_metadata, load_dcp_metadata
 from .files import CheckpointError
 
 __all__ = [
@@ -489,9 +490,6 @@ def _merge_into(merged: Metadata, fragment: Metadata) -> None:
 def read_fragments(path: str | os.PathLike[str], ranks: Iterable[int]) -> Metadata:
     """The fragments of ``ranks``, merged (read with shardwise's safe unpickler, each checked
     field by field: a fragment a flipped byte left unpicklable but wrong is named)."""
-    from .dcp_index import _check_dcp_metadata
-    from .safe_dcp import load_dcp_metadata
-
     merged = merge_fragments([])
     for rank in ranks:
         file = Path(path) / fragment_name(rank)
@@ -504,7 +502,7 @@ def read_fragments(path: str | os.PathLike[str], ranks: Iterable[int]) -> Metada
         try:
             with stream:
                 fragment = load_dcp_metadata(stream, source=str(file))
-            _check_dcp_metadata(fragment)
+            check_dcp_metadata(fragment)
             _merge_into(merged, fragment)
         except CheckpointError:
             raise
@@ -540,8 +538,8 @@ def index_files(path: str | os.PathLike[str]) -> set[str]:
     """The index files of a checkpoint saved without a gather: ``layout.json`` and every
     rank's fragment (``.metadata`` too, once ``shardwise ckpt index`` wrote it)."""
     names = {LAYOUT_FILE} | {fragment_name(r) for r in all_fragment_ranks(path)}
-    if (Path(path) / ".metadata").is_file():
-        names.add(".metadata")
+    if (Path(path) / DCP_METADATA).is_file():
+        names.add(DCP_METADATA)
     return names
 
 
@@ -574,8 +572,8 @@ def write_merged_metadata(path: str | os.PathLike[str]) -> Path:
         {key: [((0,) * len(e.size), tuple(e.size))] for key, e in full.items()},
         str(path),
     )
-    target = path / ".metadata"
-    tmp = path / ".metadata.tmp"
+    target = path / DCP_METADATA
+    tmp = path / f"{DCP_METADATA}.tmp"
     with open(tmp, "wb") as f:
         pickle.dump(merged, f)
         f.flush()

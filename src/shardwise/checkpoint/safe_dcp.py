@@ -2,9 +2,9 @@
 
 ``torch.distributed.checkpoint``'s ``FileSystemReader`` reads a checkpoint's ``.metadata`` with
 plain ``pickle.load``: a crafted ``.metadata`` could run code. :class:`SafeFileSystemReader`
-unpickles it with an allow-list of the inert classes DCP's metadata is made of (its own
-dataclasses, ``torch.Size``, dtypes, layouts, paths) and refuses entries that DCP would
-unpickle as arbitrary objects: shardwise stores only tensors in DCP.
+reads it with :func:`.dcp_index.load_dcp_metadata` (an allow-list of the inert classes DCP's
+metadata is made of), or, for a checkpoint saved without a central gather (:mod:`.planning`),
+merges the metadata fragments of every rank.
 
 It also reads less when resharding. DCP stores each saved shard as one ``torch.save`` record,
 and its reader loads a record whole even when this rank needs a slice of it (a checkpoint
@@ -17,82 +17,30 @@ to DCP's whole-record read otherwise.
 Example::
 
     dcp.load(state_dict, storage_reader=SafeFileSystemReader(path))
+    metadata = read_dcp_metadata(path)   # the index of every chunk, checked
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
-import pickle
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from .dcp_index import DCP_METADATA, check_dcp_metadata, load_dcp_metadata
 from .files import CheckpointError
+from .planning import LAYOUT_FILE, is_fragmented, merged_metadata
+from .records import chunk_checksum
 
-__all__ = ["SafeFileSystemReader", "load_dcp_metadata"]
-
-_ALLOWED_MODULE_CLASSES = {
-    name
-    for name, obj in vars(dcp_metadata).items()
-    if inspect.isclass(obj) and obj.__module__ == dcp_metadata.__name__
-}
-_ALLOWED = {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),  # maps a layout's name to the layout object
-    ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("pathlib", "PureWindowsPath"),
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("collections", "OrderedDict"),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module == dcp_metadata.__name__ and name in _ALLOWED_MODULE_CLASSES:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return super().find_class(module, name)
-        if (module, name) in _ALLOWED:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(
-            f"{module}.{name} is not one of the classes a DCP .metadata file is made of"
-        )
-
-
-def load_dcp_metadata(stream: Any, source: str = ".metadata") -> Metadata:
-    """Unpickle a DCP ``.metadata`` stream with the allow-list; check it indexes tensors only."""
-    try:
-        metadata = _MetadataUnpickler(stream).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
-        raise CheckpointError(
-            f"{source} is not a DCP metadata file shardwise can read safely: {exc}"
-        ) from exc
-    if not isinstance(metadata, Metadata):
-        raise CheckpointError(f"{source} holds a {type(metadata).__name__}, not DCP Metadata")
-    objects = sorted(
-        key
-        for key, entry in metadata.state_dict_metadata.items()
-        if not isinstance(entry, TensorStorageMetadata)
-    )
-    if objects:
-        raise CheckpointError(
-            f"{source} indexes pickled objects under {objects[:5]}: DCP would unpickle them "
-            "with arbitrary code execution; shardwise checkpoints store only tensors in DCP"
-        )
-    return metadata
+__all__ = ["SafeFileSystemReader", "read_dcp_metadata"]
 
 
 #: Bytes after a stored tensor's data in its torch.save record (measured: 841–873), and the
@@ -102,29 +50,33 @@ _SLACK = 4096
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """``FileSystemReader`` whose ``.metadata`` is read by :func:`load_dcp_metadata` and which
-    reads only the byte range a rank needs of each stored tensor (see the module docstring).
+    """``FileSystemReader`` whose ``.metadata`` is read by :func:`.dcp_index.load_dcp_metadata`
+    (or given: ``metadata``, an index already read, for several loads) and which reads only
+    the byte range a rank needs of each stored tensor (see the module docstring).
 
     ``check``: a :class:`~.manifest.ReadCheck` told of every stored chunk read (hashed beside
     the reads): a chunk's own checksum where the index records one (:mod:`.records`), else
     its whole file (a checkpoint saved before chunks had checksums)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, check: Any = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, check: Any = None, metadata: Metadata | None = None
+    ) -> None:
         super().__init__(path)
         self.check = check
+        self._known = metadata
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checkpoint's index: the ``metadata`` given at construction (read once for
+        several loads), else ``.metadata`` or, saved without a gather, every rank's fragment
+        merged; a rank's own fragment with ``rank=``."""
         path = self._get_metadata_path(kwargs.get("rank"))
-        if kwargs.get("rank") is None and not os.path.exists(path):
-            from .planning import is_fragmented, merged_metadata
-
-            if is_fragmented(self.path):  # saved without a gather: its fragments, merged
-                metadata = merged_metadata(self.path)
-                metadata.storage_meta = metadata.storage_meta or StorageMeta()
-                metadata.storage_meta.load_id = self.load_id
-                return metadata
-        with self.fs.create_stream(path, "rb") as stream:
-            metadata = load_dcp_metadata(stream, source=str(path))
+        if self._known is not None and kwargs.get("rank") is None:
+            metadata = self._known
+        elif kwargs.get("rank") is None and not os.path.exists(path) and is_fragmented(self.path):
+            metadata = merged_metadata(self.path)  # saved without a gather: its fragments
+        else:
+            with self.fs.create_stream(path, "rb") as stream:
+                metadata = load_dcp_metadata(stream, source=str(path))
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -132,8 +84,6 @@ class SafeFileSystemReader(FileSystemReader):
 
     def _note_reads(self, plan: LoadPlan) -> None:
         """Tell the check which stored chunks this plan reads (each once)."""
-        from .records import chunk_checksum
-
         chunks: dict[str, dict[tuple[int, int], tuple[int, int, str, str]]] = {}
         for item in plan.items:
             info = self.storage_data[item.storage_index]
@@ -333,3 +283,27 @@ def _little_endian(record: Any) -> bool:
     record.seek(0)
     archive = torch._C.PyTorchFileReader(record)
     return not archive.has_record("byteorder") or archive.get_record("byteorder") == b"little"
+
+
+def read_dcp_metadata(path: str | os.PathLike[str]) -> Metadata:
+    """DCP's index of the sharded checkpoint directory ``path``: ``.metadata``, or every
+    rank's metadata fragment merged, read safely and checked field by field.
+
+    Raises:
+        CheckpointError: the index cannot be read, naming the file (a damaged or missing
+            ``.metadata`` or fragment).
+    """
+    path = Path(path)
+    try:
+        metadata = SafeFileSystemReader(path).read_metadata()
+        check_dcp_metadata(metadata)
+        return metadata
+    except Exception as exc:  # noqa: BLE001 - a damaged .metadata fails in many ways
+        where = path / DCP_METADATA
+        if not where.is_file() and (path / LAYOUT_FILE).is_file():
+            where = path / "__{rank}.metadata"  # the fragments, which the message names
+        raise CheckpointError(
+            f"{where} cannot be read ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); the sharded checkpoint "
+            "is damaged or was cut short"
+        ) from exc

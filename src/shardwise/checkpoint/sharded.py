@@ -61,6 +61,7 @@ from torch.utils._pytree import SUPPORTED_NODES
 from ..tree import map_leaves, map_with_path
 from . import planning
 from .agreement import on_every_rank
+from .dcp_index import DCP_METADATA
 from .files import CheckpointError, describe_error
 from .full import HashingWriter, WrittenFile, load_full_checkpoint, save_full_checkpoint
 from .manifest import ReadCheck
@@ -80,7 +81,6 @@ __all__ = [
     "tensor_refs",
 ]
 
-DCP_METADATA = ".metadata"
 META_FILE = "meta.pt"
 _TENSOR_SECTIONS = ("state_dict", "optimizer")
 REF = "__dcp_tensor__"

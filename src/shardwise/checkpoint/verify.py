@@ -30,7 +30,7 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
-from .dcp_index import dcp_files, read_dcp_metadata
+from .dcp_index import DCP_METADATA, dcp_files
 from .files import CheckpointError, describe_error
 from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat, detect_format
 from .local import local_ranks, rank_file
@@ -45,8 +45,9 @@ from .manifest import (
 )
 from .opened import OpenCheckpoint
 from .records import chunk_checksum
+from .safe_dcp import read_dcp_metadata
 from .safetensors_file import read_safetensors_header
-from .sharded import DCP_METADATA, META_FILE, tensor_refs
+from .sharded import META_FILE, tensor_refs
 
 __all__ = ["VerifyReport", "verify_checkpoint"]
 
