@@ -36,8 +36,14 @@ LAYERS: list[set[str]] = [
     {"runner"},
     {"strategies"},
     {"optim", "checkpoint", "visualization"},
-    {"registry", "config", "dist", "launch_env", "env", "logging", "dtypes", "tree"},
+    {"registry", "config", "dist", "launch_env", "env", "logging", "dtypes", "tree"}
+    # mmengine's registry tree behind the registries, and what the runner does with the objects
+    # it builds: imports nothing of shardwise, so registry and runner can use it
+    | {"integrations.openmmlab"},
 ]
+
+#: The only modules that import mmengine (each only when a config or a user asks for it).
+MMENGINE_IMPORTERS = {"shardwise.integrations.mmengine", "shardwise.integrations.openmmlab"}
 
 #: The packages in which no import, not even one inside a function, closes a cycle.
 NO_DEFERRED_CYCLES = ("checkpoint",)
@@ -136,9 +142,10 @@ def _layer(module: str) -> int:
     parts = module.split(".")
     if module == ROOT:
         return len(LAYERS)
-    for index, layer in enumerate(LAYERS):
-        if parts[1] in layer:
-            return index
+    for name in (".".join(parts[1:3]), parts[1]):  # a module placed on its own, then its package
+        for index, layer in enumerate(LAYERS):
+            if name in layer:
+                return index
     raise AssertionError(
         f"{module} is in no layer: place shardwise.{parts[1]} in docs/architecture.md's "
         f"layout and in LAYERS in {Path(__file__).name}"
@@ -259,6 +266,30 @@ def test_the_checks_see_cycles_and_upward_imports():
     assert "shardwise.launch_env" in targets
     assert _layer("shardwise.runner.runner") < _layer("shardwise.strategies.base")
     assert _layer("shardwise.cli") < _layer("shardwise.tree")
+
+
+def mmengine_importers() -> set[str]:
+    """The shardwise modules with an ``import mmengine...`` or ``from mmengine... import``
+    anywhere (inside functions too)."""
+    found = set()
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(name.split(".")[0] == "mmengine" for name in names):
+                found.add(module)
+    return found
+
+
+def test_only_the_integrations_import_mmengine():
+    assert mmengine_importers() <= MMENGINE_IMPORTERS, (
+        "mmengine is a test dependency, imported only by "
+        + ", ".join(sorted(MMENGINE_IMPORTERS))
+        + f"; also imported by {sorted(mmengine_importers() - MMENGINE_IMPORTERS)}"
+    )
 
 
 def class_sizes() -> dict[str, int]:

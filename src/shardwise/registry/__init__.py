@@ -11,7 +11,10 @@ Example::
 
 A ``type`` may be a class (or any callable), a name registered in the registry, a name with a
 scope prefix (``'mmdet.ResNet'``: looked up in the registry of that scope in the same tree), or
-a dotted import path such as ``'torch.optim.AdamW'``. Registries form trees: a child
+a dotted import path such as ``'torch.optim.AdamW'``; with mmengine installed, also a class an
+OpenMMLab package registers in mmengine's tree (under the config's ``default_scope``, or as
+``'mmpretrain.ImageClassifier'``; see :mod:`shardwise.integrations.openmmlab`). Registries form
+trees: a child
 (``Registry('model', parent=MODELS, scope='myproj')``) finds its parent's names, and the
 :class:`DefaultScope` (or a config's ``_scope_`` key) picks the registry a build resolves names
 in.
@@ -31,7 +34,9 @@ from .build_functions import (
 from .default_scope import DefaultScope
 from .registry import Registry
 from .root import (
+    DATA_SAMPLERS,
     DATASETS,
+    EVALUATOR,
     FUNCTIONS,
     HOOKS,
     LOG_PROCESSORS,
@@ -45,8 +50,11 @@ from .root import (
     PARAM_SCHEDULERS,
     RUNNERS,
     STRATEGIES,
+    TASK_UTILS,
+    TRANSFORMS,
     VISBACKENDS,
     VISUALIZERS,
+    WEIGHT_INITIALIZERS,
 )
 from .utils import init_default_scope
 
@@ -74,4 +82,9 @@ __all__ = [
     "VISBACKENDS",
     "VISUALIZERS",
     "LOG_PROCESSORS",
+    "DATA_SAMPLERS",
+    "TRANSFORMS",
+    "WEIGHT_INITIALIZERS",
+    "TASK_UTILS",
+    "EVALUATOR",
 ]

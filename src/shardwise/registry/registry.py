@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
 import itertools
 import logging
@@ -34,6 +35,11 @@ class Registry:
             module that creates it.
         locations: modules imported the first time the registry is looked up, so that the
             classes they register are available without an explicit import.
+        fallback: for a root registry, the registry of the same kind in mmengine's registry
+            tree (its name in ``mmengine.registry``, e.g. ``'MODELS'``), where OpenMMLab
+            packages register their classes: when mmengine is installed, a name the config's
+            default scope (the package) registers itself is the package's, and a name found
+            nowhere here is looked up there (see :mod:`shardwise.integrations.openmmlab`).
 
     Example::
 
@@ -53,6 +59,7 @@ class Registry:
         parent: Registry | None = None,
         scope: str | None = None,
         locations: Iterable[str] = (),
+        fallback: str | None = None,
     ) -> None:
         if parent is not None and not isinstance(parent, Registry):
             raise TypeError(
@@ -66,6 +73,7 @@ class Registry:
         self._children: dict[str, Registry] = {}
         self._locations = list(locations)
         self._imported = not self._locations
+        self._fallback = fallback
         self._scope = scope if scope is not None else self.infer_scope()
         self.parent = parent
         if parent is not None:
@@ -175,6 +183,8 @@ class Registry:
         if found is None:
             _import_scope_registry(scope)
             found = root._search_child(scope)
+        if found is None and _mmengine_has_scope(root, scope):
+            return self  # its names are looked up in mmengine's tree (see get)
         if found is None:
             logger.warning(
                 "no registry of scope %r in the %r registry tree; the %r registry of scope %r "
@@ -195,6 +205,11 @@ class Registry:
         ``'scope.Name'`` in the registry of that scope (a child here, or any registry of the
         tree); failing that, a dotted ``key`` is imported (``'torch.optim.AdamW'``). A class
         or function is returned as it is.
+
+        Under a root with a ``fallback`` and with mmengine installed, an OpenMMLab package's
+        classes are found too: a ``'Name'`` that the current default scope's package
+        registers itself is that package's (looked up first, as mmengine would), and a key
+        found nowhere else is looked up in mmengine's tree.
         """
         if not isinstance(key, str):
             if callable(key):
@@ -202,6 +217,9 @@ class Registry:
             raise TypeError(f"the key of Registry.get must be a str, got {type(key)}: {key!r}")
         self.import_from_location()
         scope, real_key = self.split_scope_key(key)
+        found = self._get_in_package(real_key) if scope is None else None
+        if found is not None:
+            return found
         if scope is None or scope == self._scope:
             found = self._module_dict.get(real_key)
             if found is None and scope is None:
@@ -210,7 +228,27 @@ class Registry:
             found = self._get_in_scope(scope, real_key, key)
         if found is None and "." in key:
             found = _import_object(key)
+        if found is None:
+            found = self._get_in_mmengine(key)
         return found
+
+    def _get_in_package(self, key: str) -> Any:
+        """What the default scope's OpenMMLab package registers itself as ``key`` (in
+        mmengine's tree), or None (no such scope, or one of shardwise's tree)."""
+        root = self._get_root_registry()
+        scope = _default_scope_name()
+        if root._fallback is None or scope is None or scope == root._scope:
+            return None
+        if root._search_child(scope) is not None or not _mmengine_installed():
+            return None
+        return _openmmlab().package_entry(root._fallback, scope, key)
+
+    def _get_in_mmengine(self, key: str) -> Any:
+        """``key`` looked up in mmengine's tree under the default scope, or None."""
+        root = self._get_root_registry()
+        if root._fallback is None or not _mmengine_installed():
+            return None
+        return _openmmlab().lookup(root._fallback, key, _default_scope_name())
 
     def _get_in_ancestors(self, key: str) -> Any:
         for registry in itertools.islice(self._lineage(), 1, None):
@@ -251,8 +289,27 @@ class Registry:
         return (
             f"{key} is not in the {self.scope}::{self.name} registry{hint}. Check the spelling "
             f"of {key!r}, register the class with register_module() of the {self.name} "
-            f"registry, or give its full import path (e.g. 'package.module.ClassName')."
+            f"registry, or give its full import path (e.g. 'package.module.ClassName')"
+            + self._openmmlab_hint(key)
+            + "."
         )
+
+    def _openmmlab_hint(self, key: str) -> str:
+        """Where an OpenMMLab package's class would have been found (for the error)."""
+        root = self._get_root_registry()
+        if root._fallback is None or "." in key:
+            return ""
+        if not _mmengine_installed():
+            return "; an OpenMMLab package's class needs mmengine installed"
+        scope = _default_scope_name()
+        if scope is None:
+            return (
+                "; an OpenMMLab package's class needs the package's scope: set the config's "
+                f"default_scope (e.g. default_scope='mmpretrain') or write 'mmpretrain.{key}'"
+            )
+        if scope.isidentifier() and importlib.util.find_spec(scope) is None:
+            return f"; the default scope's package {scope!r} is not installed"
+        return f" (nor in mmengine's registry tree under the default scope {scope!r})"
 
     def build(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         """Build an object from ``cfg`` with :attr:`build_func` (by default
@@ -324,6 +381,30 @@ def _import_if_present(module_name: str) -> Any:
         if module_name == missing or module_name.startswith(missing + "."):
             return None
         raise
+
+
+def _default_scope_name() -> str | None:
+    current = DefaultScope.get_current_instance()
+    return None if current is None else current.scope_name
+
+
+def _mmengine_installed() -> bool:
+    return importlib.util.find_spec("mmengine") is not None
+
+
+def _openmmlab() -> Any:
+    """The bridge to mmengine's registry tree (imported when a lookup needs it)."""
+    from shardwise.integrations import openmmlab
+
+    return openmmlab
+
+
+def _mmengine_has_scope(root: Registry, scope: str) -> bool:
+    """Whether ``scope`` is an OpenMMLab package's (in mmengine's tree of ``root``'s kind;
+    of models for a root without a ``fallback``)."""
+    if not _mmengine_installed():
+        return False
+    return _openmmlab().has_scope(root._fallback or "MODELS", scope)
 
 
 def _import_scope_registry(scope: str) -> None:
