@@ -48,8 +48,15 @@ from .files import CheckpointError
 from .formats import CheckpointFormat, Placement, detect_format, read_checkpoint
 from .full import is_bare_state_dict
 from .latest import find_last_checkpoint
+from .local import rank_file
+from .manifest import MANIFEST
+from .object_commit import ObjectCommit, RunClaims
+from .planning import LAYOUT_FILE
+from .remote_read import RemoteCheckpoint
 from .retention import Retention, check_max_keep_ckpts
+from .sharded import DCP_METADATA, META_FILE
 from .states import Stateful
+from .storage import ObjectURL, location
 
 __all__ = [
     "DEFAULT_REVISE_KEYS",
@@ -112,7 +119,8 @@ class Checkpointer:
     """Saves, loads and resumes state objects (see the module docstring).
 
     Args:
-        work_dir: where relative checkpoint names are put and looked for.
+        work_dir: where relative checkpoint names are put and looked for: a local directory
+            or an object-store URL (``s3://bucket/run``; see :mod:`.object_commit`).
         states: the state objects by checkpoint key (more with :meth:`register`).
         layout: the strategy's :class:`Layout` (None until it has one: saving, loading and
             resuming refuse until then).
@@ -133,7 +141,7 @@ class Checkpointer:
         verify_checksums: bool = True,
         logger: logging.Logger | None = None,
     ) -> None:
-        self.work_dir = Path(work_dir)
+        self.work_dir = location(work_dir)
         self.layout = layout
         self.async_save = async_save
         self.max_keep_ckpts = check_max_keep_ckpts(max_keep_ckpts)
@@ -147,6 +155,8 @@ class Checkpointer:
         self.retention = Retention()
         #: Stages asynchronous saves in host memory and writes them in the background.
         self.stager = AsyncCheckpointer()
+        #: The prefixes on object storage this run writes (see :mod:`.object_commit`).
+        self.claims = RunClaims()
 
     # ------------------------------------------------------------------ states
     def register(
@@ -206,17 +216,22 @@ class Checkpointer:
         return self.layout
 
     # ------------------------------------------------------------------ paths
-    def resolve(self, filename: str | os.PathLike[str]) -> Path:
-        """Where a save puts ``filename``: as given if absolute, else inside ``work_dir``."""
-        path = Path(filename)
-        return path if path.is_absolute() else self.work_dir / path
+    def resolve(self, filename: str | os.PathLike[str]) -> Path | ObjectURL:
+        """Where a save puts ``filename``: as given if absolute (or a URL), else inside
+        ``work_dir``."""
+        path = location(filename)
+        if isinstance(path, ObjectURL) or path.is_absolute():
+            return path
+        return self.work_dir / path
 
-    def find(self, filename: str | os.PathLike[str]) -> Path:
-        """``filename`` as given, or inside ``work_dir`` when it is relative and only there."""
-        path = Path(filename)
-        if not path.exists() and not path.is_absolute() and self.resolve(path).exists():
-            path = self.resolve(path)
-        return path
+    def find(self, filename: str | os.PathLike[str]) -> Path | ObjectURL:
+        """``filename`` as given, or inside ``work_dir`` when it is relative and only there
+        (inside a ``work_dir`` on object storage when it is not on local disk)."""
+        path = location(filename)
+        if isinstance(path, ObjectURL) or path.exists() or path.is_absolute():
+            return path
+        inside = self.resolve(path)
+        return inside if isinstance(inside, ObjectURL) or inside.exists() else path
 
     def read(
         self,
@@ -228,10 +243,19 @@ class Checkpointer:
         its shards (collective); ``map_location='default'``: the layout's device."""
         layout = self._layout("reading a checkpoint")
         path = self.find(filename)
-        location = layout.device if map_location == "default" else map_location
+        if isinstance(path, ObjectURL):
+            with RemoteCheckpoint(path) as remote:
+                remote.fetch(_read_first(remote, layout))
+                return self._read(remote.path, layout, map_location, verify_checksums)
+        return self._read(path, layout, map_location, verify_checksums)
+
+    def _read(
+        self, path: Path, layout: Layout, map_location: Any, verify_checksums: bool | None
+    ) -> dict[str, Any]:
+        device = layout.device if map_location == "default" else map_location
         verify = self.verify_checksums if verify_checksums is None else bool(verify_checksums)
         if layout.placement is None:
-            return read_checkpoint(path, map_location=location, verify_checksums=verify)
+            return read_checkpoint(path, map_location=device, verify_checksums=verify)
         placement = layout.placement(path)
         fmt = placement.on_rank0(lambda: detect_format(path))
         return fmt.read_onto(path, placement, verify)
@@ -333,7 +357,7 @@ class Checkpointer:
             state.setdefault("meta", {})["kept_checkpoints"] = kept
         if in_background:
             return self._save_in_background(state, path, fmt, start, retire)
-        commit = CheckpointCommit(path, work_dir=self.work_dir, is_dir=fmt.is_dir, retire=retire)
+        commit = self._commit(path, fmt, retire)
         try:
             with commit as staging:
                 commit.record(*self._write(fmt, state, staging))
@@ -346,6 +370,25 @@ class Checkpointer:
         )
         return None
 
+    def _commit(
+        self, path: Path | ObjectURL, fmt: CheckpointFormat, retire: list[str], group: Any = None
+    ) -> CheckpointCommit | ObjectCommit:
+        """The commit protocol of a save to ``path``: renames on local disk, the manifest
+        written last on object storage (:mod:`.object_commit`)."""
+        if isinstance(path, ObjectURL):
+            return ObjectCommit(
+                path,
+                work_dir=self.work_dir,
+                group=group,
+                is_dir=fmt.is_dir,
+                retire=retire,
+                claims=self.claims,
+            )
+        work_dir = self.work_dir if isinstance(self.work_dir, Path) else None
+        return CheckpointCommit(
+            path, work_dir=work_dir, group=group, is_dir=fmt.is_dir, retire=retire
+        )
+
     def _write(
         self, fmt: CheckpointFormat, state: dict[str, Any], staging: Path, group: Any = None
     ) -> list[Any]:
@@ -357,7 +400,7 @@ class Checkpointer:
     def _save_in_background(
         self,
         state: dict[str, Any],
-        path: Path,
+        path: Path | ObjectURL,
         fmt: CheckpointFormat,
         start: float,
         retire: list[str],
@@ -365,9 +408,7 @@ class Checkpointer:
         """Stage ``state`` to host memory, agree that every rank did, and write and commit it
         in the background (see :mod:`.async_save`)."""
         group = self.stager.group()
-        commit = CheckpointCommit(
-            path, work_dir=self.work_dir, group=group, is_dir=fmt.is_dir, retire=retire
-        )
+        commit = self._commit(path, fmt, retire, group)
         staged, error = None, None
         try:
             staged = fmt.stage(state, self.stager, self._layout("staging").rank)
@@ -494,7 +535,10 @@ class Checkpointer:
         meta = checkpoint.get("meta", {})
         for key, entry in entries.items():
             entry.state.load_state_dict(meta if entry.meta else checkpoint.pop(key))
-        self.retention.restore(meta.get("kept_checkpoints"), self.find(filename))
+        found = self.find(filename)
+        self.retention.restore(meta.get("kept_checkpoints"), found)
+        if isinstance(found, ObjectURL):
+            self.claims.resumed_from(found)
         self.logger.info("Resumed from %s", filename)
         return checkpoint
 
@@ -560,6 +604,18 @@ class Checkpointer:
                 self.work_dir,
             )
         return None
+
+
+def _read_first(remote: RemoteCheckpoint, layout: Layout) -> list[str] | None:
+    """What a rank fetches of a checkpoint on object storage before reading it (None:
+    everything): a process reading it whole, everything; under a placement, a single file on
+    rank 0 (the others get its tensors from rank 0), else the small files every rank reads
+    (a sharded read fetches its fragments and chunks itself; a local one its rank file)."""
+    if layout.placement is None:
+        return None
+    if not remote.is_dir:
+        return None if layout.rank == 0 else []
+    return [MANIFEST, META_FILE, LAYOUT_FILE, DCP_METADATA, rank_file(".", layout.rank).name]
 
 
 def revise_state_dict_keys(

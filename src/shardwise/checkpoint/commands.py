@@ -10,15 +10,23 @@ Examples::
     shardwise ckpt verify work_dirs/gpt/iter_1000.pth            # files, checksums, metadata
     shardwise ckpt index work_dirs/gpt/iter_1000.pth             # DCP's .metadata, for torch
 
+Every PATH, SRC and DST may be an object-store URL (``s3://bucket/run/iter_1000.pth``): the
+checkpoint is fetched into a temporary local copy (a converted one is uploaded, its manifest
+last), and problems name the objects.
+
 Exit status: 0 on success; 1 when a checkpoint is damaged or fails verification; 2 for bad
-input (a missing path, an unknown option value, a destination that exists).
+input (a missing path, an unknown option value, a destination that exists, a store that
+cannot be reached).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,13 +134,18 @@ def _error(command: str, message: Any, status: int) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from .files import CheckpointError
     from .inspect import format_inspection, inspect_checkpoint
+    from .remote_read import local_checkpoint
+    from .storage import is_url
 
     try:
-        summary = inspect_checkpoint(args.path)
-    except FileNotFoundError as exc:
+        with local_checkpoint(args.path) as path:
+            summary = inspect_checkpoint(path)
+    except (FileNotFoundError, ValueError) as exc:
         return _error("inspect", exc, _BAD_INPUT)
     except CheckpointError as exc:
         return _error("inspect", exc, _DAMAGED)
+    if is_url(args.path):
+        summary["path"] = args.path
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -156,19 +169,22 @@ def _convert(args: argparse.Namespace) -> int:
     from .convert import TARGETS, convert_checkpoint
     from .files import CheckpointError
     from .formats import SAFETENSORS
+    from .remote_read import local_checkpoint
 
     if TARGETS[args.to] is SAFETENSORS and not args.model_only:
         print("note: a safetensors file holds the model weights only", file=sys.stderr)
     try:
-        dst = convert_checkpoint(
-            args.src,
-            args.dst,
-            to=args.to,
-            dtype=args.dtype,
-            model_only=args.model_only,
-            overwrite=args.overwrite,
-            progress=not args.no_progress,
-        )
+        with local_checkpoint(args.src) as src, _local_destination(args.dst) as (dst, publish):
+            dst = convert_checkpoint(
+                src,
+                dst,
+                to=args.to,
+                dtype=args.dtype,
+                model_only=args.model_only,
+                overwrite=args.overwrite,
+                progress=not args.no_progress,
+            )
+            dst = publish(dst)
     except (FileNotFoundError, FileExistsError, ValueError) as exc:
         return _error("convert", exc, _BAD_INPUT)
     except CheckpointError as exc:
@@ -178,12 +194,29 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from .files import CheckpointError
+    from .remote_read import local_checkpoint
+    from .storage import is_url, location
+
+    if args.write_manifest and is_url(args.path):
+        return _error("verify", "--write-manifest writes local checkpoints only", _BAD_INPUT)
+    try:
+        with local_checkpoint(args.path) as path:
+            return _verify_at(path, location(args.path), args)
+    except (FileNotFoundError, ValueError) as exc:
+        return _error("verify", exc, _BAD_INPUT)
+    except CheckpointError as exc:
+        return _error("verify", exc, _DAMAGED)
+
+
+def _verify_at(path: Path, shown: Any, args: argparse.Namespace) -> int:
+    """``ckpt verify`` of the checkpoint at ``path`` (a local copy of ``shown``, a URL, or
+    ``shown`` itself): problems are reported under ``shown``'s name."""
     from tqdm.auto import tqdm
 
     from .manifest import write_manifest
     from .verify import verify_checkpoint
 
-    path = Path(args.path)
     total = sum(p.stat().st_size for p in _files(path)) if path.exists() else 0
     bar = tqdm(
         total=total,
@@ -205,15 +238,15 @@ def _verify(args: argparse.Namespace) -> int:
     if not report.ok:
         for problem in report.problems:
             if not problem.file:
-                where = path
+                where = shown
             elif path.is_dir():
-                where = path / problem.file
+                where = shown / problem.file
             else:
-                where = path.with_name(problem.file)
+                where = shown.with_name(problem.file)
             print(f"FAILED {where}: {problem.reason}", file=sys.stderr)
-        return _error("verify", f"{path} failed {len(report.problems)} check(s)", _DAMAGED)
+        return _error("verify", f"{shown} failed {len(report.problems)} check(s)", _DAMAGED)
     checked = f"checked against {report.manifest.name}" if report.manifest else "structure only"
-    print(f"OK {path} ({report.format}; {checked})")
+    print(f"OK {shown} ({report.format}; {checked})")
     if args.write_manifest:
         print(f"recorded {write_manifest(path)}")
     return 0
@@ -221,9 +254,26 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _index(args: argparse.Namespace) -> int:
     from .files import CheckpointError
+    from .remote_read import local_checkpoint
+    from .storage import ObjectURL, is_url, write_object
+
+    try:
+        with local_checkpoint(args.path) as path:
+            status = _index_at(path)
+            if status == 0 and is_url(args.path) and (path / ".metadata").is_file():
+                write_object(ObjectURL(args.path) / ".metadata", (path / ".metadata").read_bytes())
+                print(f"uploaded {ObjectURL(args.path) / '.metadata'}")
+            return status
+    except (FileNotFoundError, ValueError) as exc:
+        return _error("index", exc, _BAD_INPUT)
+    except CheckpointError as exc:
+        return _error("index", exc, _DAMAGED)
+
+
+def _index_at(path: Path) -> int:
+    from .files import CheckpointError
     from .planning import is_fragmented, write_merged_metadata
 
-    path = Path(args.path)
     if not path.is_dir():
         return _error("index", f"{path} is not a sharded checkpoint directory", _BAD_INPUT)
     if not is_fragmented(path):
@@ -239,6 +289,24 @@ def _index(args: argparse.Namespace) -> int:
         return _error("index", exc, _DAMAGED)
     print(f"wrote {written}")
     return 0
+
+
+@contextlib.contextmanager
+def _local_destination(dst: str) -> Iterator[tuple[str, Callable[[Any], Any]]]:
+    """Where ``ckpt convert`` writes, and what publishes it there: ``dst`` itself, or, for a
+    URL, a temporary local path whose checkpoint is uploaded once complete."""
+    from .storage import is_url, location
+
+    if not is_url(dst):
+        yield dst, lambda written: written
+        return
+    from .object_commit import publish_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="shardwise-convert-") as local:
+        yield (
+            str(Path(local) / location(dst).name),
+            lambda written: publish_checkpoint(Path(written), dst),
+        )
 
 
 def _files(path: Path) -> list[Path]:

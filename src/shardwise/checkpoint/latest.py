@@ -73,7 +73,12 @@ def find_last_checkpoint(work_dir: str | os.PathLike[str]) -> str | None:
     """The newest committed checkpoint of ``work_dir`` (see the module docstring), or None if
     there is none. If a crash interrupted the overwrite of the one ``last_checkpoint`` names
     (it is still under its ``.NAME.replaced`` name, which the next save moves back), that
-    path."""
+    path. A work_dir on object storage, or whose ``last_checkpoint`` names a URL:
+    :func:`.object_commit.find_last_checkpoint_at`."""
+    if _on_object_storage(work_dir):
+        from .object_commit import find_last_checkpoint_at
+
+        return find_last_checkpoint_at(work_dir)
     work_dir = Path(work_dir)
     pointed, written = _pointer(work_dir)
     folders = [work_dir] + ([pointed.parent] if pointed is not None else [])
@@ -109,6 +114,18 @@ def find_last_checkpoint(work_dir: str | os.PathLike[str]) -> str | None:
     if hint is not None:
         logger.warning("%s", hint)
     return None
+
+
+def _on_object_storage(work_dir: str | os.PathLike[str]) -> bool:
+    """Whether ``work_dir`` is a URL, or a local directory whose pointer names one."""
+    from .storage import is_url
+
+    if is_url(work_dir):
+        return True
+    try:
+        return is_url((Path(work_dir) / LAST_CHECKPOINT).read_text(errors="replace").strip())
+    except OSError:
+        return False
 
 
 def _uncommitted_hint(work_dir: str | os.PathLike[str]) -> str | None:

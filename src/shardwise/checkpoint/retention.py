@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
+
+from .storage import absolute
 
 __all__ = ["Retention", "check_max_keep_ckpts"]
 
@@ -59,7 +60,7 @@ class Retention:
     ) -> tuple[dict[str, list[str]], list[str]]:
         """Plan the save of ``path`` into ``series`` under a limit of ``max_keep``: returns
         every series' kept checkpoints once it is committed, and the checkpoints it retires."""
-        path = str(Path(path).absolute())
+        path = absolute(path)
         # a save retires only checkpoints in the directory it writes to: those of another
         # run (one this run resumed from) are forgotten, never deleted
         here = os.path.dirname(path)
@@ -80,5 +81,5 @@ class Retention:
         if not isinstance(kept, Mapping):
             return
         lists = {str(k): list(v) for k, v in kept.items()}
-        if any(str(Path(loaded).absolute()) in paths for paths in lists.values()):
+        if any(absolute(loaded) in paths for paths in lists.values()):
             self.kept = lists

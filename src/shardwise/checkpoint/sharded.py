@@ -66,6 +66,7 @@ from .files import CheckpointError, describe_error
 from .full import HashingWriter, WrittenFile, load_full_checkpoint, save_full_checkpoint
 from .manifest import ReadCheck
 from .records import write_records
+from .remote_read import mirror_of
 from .safe_dcp import SafeFileSystemReader
 
 __all__ = [
@@ -536,11 +537,16 @@ def _load_from_fragments(
     wanted = planning.wanted_chunks(targets)
     layout = planning.read_layout(path)
     ranks = planning.fragments_for(layout, wanted)
+    remote = mirror_of(path)  # a checkpoint on object storage: fetch what is read, first
+    if remote is not None:
+        remote.fetch(planning.fragment_name(rank) for rank in ranks)
     if check is not None:
         check.check_now(planning.fragment_name(rank) for rank in ranks)
     metadata = planning.read_fragments(path, ranks)
     planning.check_coverage(metadata, wanted, str(path))
     planning.list_empty(metadata, layout, wanted)
+    if remote is not None:
+        remote.fetch_chunks(metadata, wanted)
     with warnings.catch_warnings():  # no_dist is what we asked for
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
@@ -575,6 +581,10 @@ def load_sharded_tensors(
         else:  # each rank reads alone; one small agreement on the outcome
             on_every_rank(lambda: _load_from_fragments(path, targets, check), f"loading {path}")
     elif targets:
+        remote = mirror_of(path)  # a checkpoint on object storage: fetch what is read, first
+        if remote is not None:
+            index = SafeFileSystemReader(path).read_metadata()
+            remote.fetch_chunks(index, planning.wanted_chunks(targets))
         with warnings.catch_warnings():  # no_dist is what we asked for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             try:

@@ -1,0 +1,535 @@
+"""Where a checkpoint lives: a local path, or an object in a store that fsspec reaches by URL.
+
+A checkpoint path is either local (``work_dirs/demo/iter_10.pth``, ``file:///...``), which keeps
+shardwise's local code path unchanged (POSIX rename and fsync), or an fsspec URL
+(``s3://bucket/run/iter_10.pth``, ``gs://``, ``az://``, ``memory://``), which goes to object
+storage through the commit protocol of :mod:`.object_commit` and the reads of
+:mod:`.remote_read`. This module holds what both need:
+
+- telling them apart, once, at the boundary (:func:`is_url`, :func:`location`), and naming
+  objects (:class:`ObjectURL`, a ``str`` with ``name``, ``parent`` and ``/``);
+- the fsspec file system of a URL (:func:`filesystem`), its package imported only then; a
+  protocol without its package, missing credentials or a missing bucket is one line naming
+  the value and the fix (:class:`StorageConfigError`, a ``ValueError``; :func:`check_storage`);
+- storage options by URL prefix (mmengine's ``backend_args``: :func:`set_storage_options`);
+  otherwise credentials and endpoints come from the environment as the client reads them
+  (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``~/.aws``, ``FSSPEC_S3_*``...);
+- object operations retried with backoff (throttling, HTTP 5xx, dropped connections) and
+  then one :class:`~.files.CheckpointError` naming the object (:func:`retried`): uploads of
+  a rank's files in parallel (:func:`upload_files`; s3fs uploads large objects in parts),
+  ranged reads (:func:`read_ranges`), listings, small objects with a condition
+  (:func:`write_object`: only if absent, or only if unchanged since read).
+
+Example::
+
+    >>> url = location('s3://bucket/run') / 'iter_10.pth'
+    >>> url, url.name, url.parent
+    ('s3://bucket/run/iter_10.pth', 'iter_10.pth', 's3://bucket/run')
+    >>> upload_files([(Path('/tmp/spool/iter_10.pth'), url)])
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .files import CheckpointError, describe_error
+
+__all__ = [
+    "ObjectURL",
+    "RetryPolicy",
+    "StorageConfigError",
+    "absolute",
+    "check_storage",
+    "delete_objects",
+    "exists",
+    "filesystem",
+    "is_url",
+    "list_objects",
+    "location",
+    "modified",
+    "object_info",
+    "protocol_of",
+    "read_object",
+    "read_ranges",
+    "retried",
+    "set_storage_options",
+    "spool_directory",
+    "storage_options",
+    "upload_files",
+    "write_object",
+]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+
+#: The packages fsspec needs for a protocol, and the extra of shardwise that installs them.
+_PACKAGES = {
+    "s3": ("s3fs", "s3"),
+    "s3a": ("s3fs", "s3"),
+    "gs": ("gcsfs", "gcs"),
+    "gcs": ("gcsfs", "gcs"),
+    "az": ("adlfs", "azure"),
+    "abfs": ("adlfs", "azure"),
+    "abfss": ("adlfs", "azure"),
+}
+
+#: Where rank files are spooled before their upload and remote reads are mirrored (default:
+#: the system's temporary directory).
+SPOOL_ENV = "SHARDWISE_SPOOL_DIR"
+#: Attempts per object operation, and the first backoff in seconds (doubling, capped).
+ATTEMPTS_ENV, BACKOFF_ENV = "SHARDWISE_STORAGE_ATTEMPTS", "SHARDWISE_STORAGE_BACKOFF"
+
+#: Pieces a large read is split into, so that they are fetched in parallel.
+READ_PIECE = 16 << 20
+#: Bytes of ranged reads held in memory at once.
+READ_BATCH = 256 << 20
+
+
+class StorageConfigError(ValueError):
+    """Bad storage input, found before anything is written: an unknown protocol, its package
+    not installed, missing credentials, a missing bucket (one line: the value and the fix)."""
+
+
+# ----------------------------------------------------------------------------- naming
+def protocol_of(path: Any) -> str | None:
+    """The URL scheme of ``path`` (``'s3'``), or None for a plain path."""
+    if isinstance(path, Path):
+        return None
+    match = _SCHEME.match(os.fspath(path) if isinstance(path, os.PathLike) else str(path))
+    return match.group(1).lower() if match else None
+
+
+def is_url(path: Any) -> bool:
+    """Whether ``path`` names an object in a store (an fsspec URL other than ``file://``)."""
+    return protocol_of(path) not in (None, "file")
+
+
+class ObjectURL(str):
+    """The URL of an object or of a prefix (a "directory"), without a trailing slash."""
+
+    def __new__(cls, url: str) -> ObjectURL:
+        text = str(url)
+        scheme = _SCHEME.match(text)
+        head = scheme.group(0) if scheme else ""
+        return super().__new__(cls, head + text[len(head) :].rstrip("/"))
+
+    @property
+    def protocol(self) -> str:
+        return protocol_of(self) or ""
+
+    @property
+    def _rest(self) -> str:
+        return self.split("://", 1)[1]
+
+    @property
+    def name(self) -> str:
+        """The last part (``'iter_10.pth'``)."""
+        return self._rest.rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> ObjectURL:
+        """The prefix it is in (a bucket's root is its own parent)."""
+        rest = self._rest
+        if "/" not in rest:
+            return self
+        return ObjectURL(f"{self.protocol}://{rest.rsplit('/', 1)[0]}")
+
+    def __truediv__(self, part: str | os.PathLike[str]) -> ObjectURL:
+        part = Path(part).as_posix() if isinstance(part, os.PathLike) else str(part)
+        return ObjectURL(f"{self}/{part.lstrip('/')}")
+
+    def with_name(self, name: str) -> ObjectURL:
+        return self.parent / name
+
+    def relative_to(self, base: str) -> str:
+        base = ObjectURL(base)
+        if not self.startswith(base + "/"):
+            raise ValueError(f"{self} is not inside {base}")
+        return self[len(base) + 1 :]
+
+
+def location(path: str | os.PathLike[str]) -> ObjectURL | Path:
+    """``path`` in the one shape the checkpoint code works on: an :class:`ObjectURL` for an
+    object store, else a local :class:`~pathlib.Path` (``file://`` URLs included)."""
+    if isinstance(path, ObjectURL | Path):
+        return path
+    if is_url(path):
+        return ObjectURL(str(path))
+    text = os.fspath(path)
+    if protocol_of(text) == "file":
+        text = text.split("://", 1)[1]
+    return Path(text)
+
+
+def absolute(path: str | os.PathLike[str]) -> str:
+    """``path`` made absolute as a string (a URL is already)."""
+    where = location(path)
+    return str(where if isinstance(where, ObjectURL) else where.absolute())
+
+
+# ----------------------------------------------------------------------------- file systems
+_OPTIONS: dict[str, dict[str, Any]] = {}
+
+
+def set_storage_options(prefix: str, options: Mapping[str, Any] | None) -> None:
+    """Use fsspec's ``options`` (s3fs: ``key``, ``secret``, ``endpoint_url``,
+    ``client_kwargs``...) for every URL under ``prefix`` (mmengine's ``backend_args`` of a
+    hook's ``out_dir``). None forgets them."""
+    prefix = str(ObjectURL(prefix))
+    if options is None:
+        _OPTIONS.pop(prefix, None)
+    else:
+        _OPTIONS[prefix] = dict(options)
+
+
+def storage_options(url: str) -> dict[str, Any]:
+    """The options for ``url``: those set for its longest prefix, else none. On S3 the
+    client's own retries are off unless the options set them: :func:`retried` retries each
+    object operation, and logs it."""
+    url = str(url)
+    matches = [p for p in _OPTIONS if url == p or url.startswith(p + "/")]
+    options = dict(_OPTIONS[max(matches, key=len)]) if matches else {}
+    if protocol_of(url) in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+        options["config_kwargs"] = config
+    return options
+
+
+def filesystem(url: str, what: str = "path") -> tuple[Any, str]:
+    """The fsspec file system of ``url`` and the path fsspec gives the object on it.
+
+    Raises:
+        StorageConfigError: fsspec does not know the protocol, or its package is missing.
+    """
+    protocol = protocol_of(url) or "file"
+    try:
+        import fsspec
+    except ImportError:  # pragma: no cover - fsspec comes with torch
+        raise StorageConfigError(
+            f"{what}={str(url)!r} is an object-store URL, which needs fsspec: pip install fsspec"
+        ) from None
+    try:
+        fs, path = fsspec.core.url_to_fs(str(url), **storage_options(url))
+    except ImportError as exc:
+        package, extra = _PACKAGES.get(protocol, (None, None))
+        fix = (
+            f"pip install 'shardwise[{extra}]' (or pip install {package})"
+            if package
+            else f"install the fsspec implementation of {protocol}:// ({exc})"
+        )
+        raise StorageConfigError(
+            f"{what}={str(url)!r}: the {protocol}:// protocol needs "
+            f"{package or 'a package'}, which is not installed: {fix}"
+        ) from None
+    except ValueError as exc:
+        if "Protocol not known" not in str(exc):
+            raise StorageConfigError(f"{what}={str(url)!r}: {exc}") from None
+        raise StorageConfigError(
+            f"{what}={str(url)!r}: fsspec knows no {protocol}:// protocol; use a local path or "
+            "a URL such as s3://bucket/prefix, gs://bucket/prefix, az://container/prefix"
+        ) from None
+    if protocol in ("s3", "s3a") and getattr(fs, "retries", 1) != 1:
+        fs.retries = 1  # s3fs's own retry loop: retried() is the one (shardwise's instance)
+    return fs, path
+
+
+def _credentials_error(exc: BaseException) -> bool:
+    return any("Credential" in kind.__name__ for kind in type(exc).__mro__)
+
+
+def check_storage(url: str, what: str = "work_dir") -> None:
+    """Refuse, in one line, a URL whose store cannot be used: an unknown protocol or one
+    without its package, missing or refused credentials, a bucket that does not exist.
+    Reads one thing (the bucket); a local path passes."""
+    if not is_url(url):
+        return
+    fs, path = filesystem(url, what)
+    bucket = path.strip("/").split("/", 1)[0]
+    if not bucket or protocol_of(url) == "memory":
+        return
+    try:
+        retried("reading", f"{protocol_of(url)}://{bucket}", fs.info, bucket)
+    except FileNotFoundError:
+        raise StorageConfigError(
+            f"{what}={str(url)!r}: the bucket {bucket!r} does not exist (or these credentials "
+            "cannot see it); create it, or check the name and the endpoint"
+        ) from None
+    except PermissionError as exc:
+        raise StorageConfigError(
+            f"{what}={str(url)!r}: access to {bucket!r} was refused ({describe_error(exc)}); "
+            "check the credentials and the bucket's permissions"
+        ) from None
+    except (StorageConfigError, CheckpointError) as exc:
+        raise StorageConfigError(f"{what}={str(url)!r}: {exc}") from None
+
+
+# ----------------------------------------------------------------------------- retries
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How an object operation is retried: ``attempts`` in all, the wait before the second
+    ``backoff`` seconds (drawn up to it: full jitter), doubling up to ``max_backoff``."""
+
+    attempts: int = 6
+    backoff: float = 0.5
+    max_backoff: float = 10.0
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        """The defaults, or ``SHARDWISE_STORAGE_ATTEMPTS`` / ``SHARDWISE_STORAGE_BACKOFF``."""
+        attempts = int(os.environ.get(ATTEMPTS_ENV) or cls.attempts)
+        backoff = float(os.environ.get(BACKOFF_ENV) or cls.backoff)
+        return cls(max(1, attempts), max(0.0, backoff))
+
+    def wait(self, attempt: int) -> float:
+        """Seconds to wait after the ``attempt``-th failure (1-based)."""
+        return random.uniform(0, min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
+
+
+#: errnos that a retry would not change (s3fs maps 4xx responses to them).
+_PERMANENT_ERRNOS = {
+    errno.EINVAL,
+    errno.EPERM,
+    errno.EACCES,
+    errno.ENOENT,
+    errno.EEXIST,
+    errno.ENOSYS,
+    errno.ENAMETOOLONG,
+    errno.ENOTEMPTY,
+    errno.EMSGSIZE,
+}
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether ``exc`` may pass on a retry: throttling (SlowDown), server errors, dropped or
+    timed-out connections; not a missing object, a refused request or missing credentials."""
+    if isinstance(exc, CheckpointError | ValueError | TypeError | NotImplementedError):
+        return False
+    if isinstance(exc, FileNotFoundError | FileExistsError | PermissionError | IsADirectoryError):
+        return False
+    if _credentials_error(exc):
+        return False
+    if isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS:
+        return False
+    return isinstance(exc, Exception)
+
+
+def retried(
+    action: str,
+    url: str,
+    fn: Callable[..., T],
+    *args: Any,
+    policy: RetryPolicy | None = None,
+    **kwargs: Any,
+) -> T:
+    """``fn(*args, **kwargs)``, retried with backoff while it fails in a way a retry may
+    mend (:func:`_transient`); then :class:`~.files.CheckpointError` naming ``action`` and
+    the object. A failure a retry would not change is raised at once, as it is (a missing
+    object is ``FileNotFoundError``), except missing credentials: one line saying so."""
+    policy = policy or RetryPolicy.from_env()
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            if _credentials_error(exc):
+                raise StorageConfigError(
+                    f"{action} {url}: no usable credentials for {protocol_of(url)}:// "
+                    f"({describe_error(exc)}); set them in the environment (e.g. "
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), the client's config files, "
+                    "or backend_args"
+                ) from None
+            if not _transient(exc):
+                raise
+            if attempt == policy.attempts:
+                raise CheckpointError(
+                    f"{action} {url} failed {policy.attempts} times, the last with "
+                    f"{describe_error(exc)}; the store is unreachable or refusing requests"
+                ) from exc
+            delay = policy.wait(attempt)
+            logger.warning(
+                "%s %s failed (%s); retrying in %.2f s (attempt %d of %d)",
+                action,
+                url,
+                describe_error(exc),
+                delay,
+                attempt + 1,
+                policy.attempts,
+            )
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ----------------------------------------------------------------------------- objects
+def object_info(url: str) -> dict[str, Any] | None:
+    """What the store says of the object at ``url`` (size, time, ETag...), None if absent."""
+    fs, path = filesystem(url)
+    try:
+        info = retried("reading", url, fs.info, path)
+    except FileNotFoundError:
+        return None
+    return info if info.get("type", "file") == "file" else None
+
+
+def exists(url: str) -> bool:
+    """Whether an object is at ``url``, or objects under it (a prefix)."""
+    fs, path = filesystem(url)
+    fs.invalidate_cache()
+    return bool(retried("reading", url, fs.exists, path))
+
+
+def modified(info: Mapping[str, Any]) -> float:
+    """When an object was written (seconds since the epoch; 0 when the store does not say)."""
+    for key in ("LastModified", "mtime", "updated", "last_modified", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            continue
+    return 0.0
+
+
+def read_object(url: str) -> bytes:
+    """The bytes of a (small) object. Raises FileNotFoundError when it is absent."""
+    fs, path = filesystem(url)
+    return retried("reading", url, fs.cat_file, path)
+
+
+def write_object(
+    url: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None
+) -> None:
+    """Write a small object whole (it appears whole, or not at all). ``if_absent``: only if
+    no object is there (FileExistsError otherwise); ``if_match``: only if the object's ETag
+    is still this (FileExistsError otherwise). The store checks the condition where it can
+    (S3's conditional writes); elsewhere it is checked just before writing."""
+    fs, path = filesystem(url)
+    s3 = protocol_of(url) in ("s3", "s3a")
+    if if_match is not None and not s3:
+        info = object_info(url)
+        if info is None or etag(info) != if_match:
+            raise FileExistsError(f"{url} changed since it was read")
+    kwargs: dict[str, Any] = {}
+    if if_absent:
+        kwargs["mode"] = "create"
+    if if_match is not None and s3:
+        kwargs["IfMatch"] = if_match
+    try:
+        retried("writing", url, fs.pipe_file, path, data, **kwargs)
+    except OSError as exc:
+        if if_match is not None and exc.errno == errno.EINVAL and "condition" in str(exc):
+            raise FileExistsError(f"{url} changed since it was read") from None
+        raise
+
+
+def etag(info: Mapping[str, Any]) -> str:
+    """An object's version as the store names it (S3's ETag), or its size and time."""
+    value = info.get("ETag") or info.get("etag")
+    return str(value) if value else f"{info.get('size')}@{modified(info)}"
+
+
+def delete_objects(urls: Sequence[str]) -> None:
+    """Delete objects (missing ones are no error), in batches."""
+    if not urls:
+        return
+    fs, _ = filesystem(urls[0])
+    paths = [filesystem(url)[1] for url in urls]
+    for first in range(0, len(paths), 1000):  # S3 deletes up to 1,000 keys per request
+        batch = paths[first : first + 1000]
+        try:
+            retried("deleting", urls[first], fs.rm, batch)
+        except FileNotFoundError:
+            pass
+        fs.invalidate_cache()
+
+
+def list_objects(prefix: str) -> dict[str, dict[str, Any]]:
+    """Every object under the prefix ``prefix`` (recursively), by its name relative to it,
+    with what the store says of it; empty when there is none. Not cached."""
+    fs, path = filesystem(prefix)
+    fs.invalidate_cache()
+    try:
+        found = retried("listing", prefix, fs.find, path, detail=True, withdirs=False)
+    except FileNotFoundError:
+        return {}
+    base = path.rstrip("/") + "/"
+    return {
+        name[len(base) :]: info
+        for name, info in found.items()
+        if name.startswith(base) and info.get("type", "file") == "file"
+    }
+
+
+def upload_files(pairs: Iterable[tuple[Path, str]], threads: int = 8) -> None:
+    """Upload local files to objects, several at a time (s3fs uploads a large one in parts,
+    in parallel), each retried (:func:`retried`)."""
+    pairs = list(pairs)
+    if not pairs:
+        return
+
+    def upload(pair: tuple[Path, str]) -> None:
+        local, url = pair
+        fs, path = filesystem(url)
+        retried("uploading", url, fs.put_file, str(local), path)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(pairs)))) as pool:
+        list(pool.map(upload, pairs))  # raises the first failure
+
+
+def read_ranges(requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
+    """The bytes ``[start, end)`` of each ``(url, start, end)``: ranged reads in parallel
+    (one call into fsspec's event loop per batch), each failed one retried."""
+    if not requests:
+        return []
+    fs, _ = filesystem(requests[0][0])
+    paths = [filesystem(url)[1] for url, _, _ in requests]
+    results: list[Any] = retried(
+        "reading",
+        requests[0][0],
+        fs.cat_ranges,
+        paths,
+        [start for _, start, _ in requests],
+        [end for _, _, end in requests],
+        on_error="return",
+    )
+    out: list[bytes] = []
+    for (url, start, end), path, got in zip(requests, paths, results):
+        if isinstance(got, BaseException):
+            if not _transient(got):
+                raise got
+            action = f"reading bytes {start}-{end} of"
+            logger.warning("%s %s failed (%s); retrying", action, url, describe_error(got))
+            got = retried(action, url, fs.cat_file, path, start=start, end=end)
+        if len(got) != end - start:
+            raise CheckpointError(
+                f"reading bytes {start}-{end} of {url} returned {len(got)} bytes: the object "
+                "is shorter than its listing says (changed while it was read?)"
+            )
+        out.append(got)
+    return out
+
+
+# ----------------------------------------------------------------------------- local spool
+def spool_directory(prefix: str) -> Path:
+    """A new private directory on local disk (``SHARDWISE_SPOOL_DIR``, else the system's
+    temporary directory) for a rank's files on their way to or from a store; the caller
+    removes it."""
+    root = os.environ.get(SPOOL_ENV) or None
+    if root is not None:
+        Path(root).mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"shardwise-{prefix}-{os.getpid()}-", dir=root))
