@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from shardwise import dist, launch_env
+from shardwise.checkpoint.storage import ObjectURL, is_url, write_object
 from shardwise.config import Config
 from shardwise.registry import LOG_PROCESSORS, LOOPS, STRATEGIES, VISUALIZERS
 from shardwise.strategies import BaseStrategy
@@ -191,8 +193,14 @@ def build_eval_loop(
 
 
 def dump_config(cfg: Config, work_dir: str, timestamp: str) -> None:
-    """Write the config into ``work_dir`` (under its file's name, else the timestamp's)."""
+    """Write the config into ``work_dir`` (under its file's name, else the timestamp's; a
+    work_dir on object storage gets it as an object beside the checkpoints)."""
     name = Path(cfg.filename).name if cfg.filename else f"{timestamp}.py"
+    if is_url(work_dir):
+        with tempfile.TemporaryDirectory() as local:
+            dump_config(cfg, local, timestamp)
+            write_object(ObjectURL(work_dir) / name, (Path(local) / name).read_bytes())
+        return
     path = Path(work_dir) / name
     try:
         cfg.dump(path)

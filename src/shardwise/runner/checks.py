@@ -25,6 +25,7 @@ import torch
 
 from shardwise.checkpoint import CheckpointError
 from shardwise.checkpoint.formats import detect_format
+from shardwise.checkpoint.storage import check_storage, exists, is_url
 from shardwise.config import Config
 from shardwise.optim import OptimWrapper
 from shardwise.optim.parts import SINGLE, optim_wrapper_parts
@@ -100,6 +101,7 @@ def check_config(
     )
     check_types(cfg)
     check_vis_backends(cfg.get("visualizer"))
+    check_storage(cfg.get("work_dir") or "", "work_dir")  # a URL: its store is reachable
     world = world_size or int(os.environ.get("WORLD_SIZE", "1") or 1)
     local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world
     _check_strategy(cfg.get("strategy"), world, local)
@@ -272,7 +274,11 @@ def check_components(
             "and val_evaluator=dict(type=...), or remove val_interval"
         )
     for name, path in (("load_from", load_from), ("resume", resume)):
-        if isinstance(path, str | os.PathLike):
+        if is_url(path):  # on object storage: the store's access, then the checkpoint
+            check_storage(path, name)
+            if not exists(path):
+                raise FileNotFoundError(f"{name}={str(path)!r}: no such checkpoint")
+        elif isinstance(path, str | os.PathLike):
             if not Path(path).exists():
                 raise FileNotFoundError(
                     f"{name}={str(path)!r}: no such checkpoint. " + checkpoints_hint(Path(path))

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardwise.checkpoint.storage import absolute, check_storage, exists, is_url, location
+
 #: Set once ``train`` has torn its process group down (see :func:`shardwise.cli.entry`).
 TORE_DOWN_PROCESS_GROUP = False
 
@@ -90,7 +92,7 @@ def _read_train_config(args: argparse.Namespace) -> Any:
         cfg.work_dir = args.work_dir
     elif cfg.get("work_dir") is None:
         cfg.work_dir = str(Path("work_dirs") / config.stem)
-    cfg.work_dir = str(Path(cfg.work_dir).absolute())
+    cfg.work_dir = absolute(cfg.work_dir)
     if args.resume is not None and args.load_from is not None:
         raise ValueError(
             "--resume and --load-from both say where to start; use --resume CKPT to continue "
@@ -99,14 +101,16 @@ def _read_train_config(args: argparse.Namespace) -> Any:
     if args.resume == "auto":  # mmengine's tools/train.py: the latest checkpoint in work_dir
         cfg.resume, cfg.load_from = True, None
     elif args.resume is not None:
-        if not Path(args.resume).exists():
+        if is_url(args.resume):
+            check_storage(args.resume, "--resume")
+        if not (exists(args.resume) if is_url(args.resume) else Path(args.resume).exists()):
             from .checks import checkpoints_hint
 
-            hint = checkpoints_hint(Path(args.resume)).replace(
+            hint = checkpoints_hint(location(args.resume)).replace(
                 "resume=True", "--resume without a path"
             )
             raise FileNotFoundError(f"--resume {args.resume}: no such checkpoint. {hint}")
-        cfg.resume, cfg.load_from = True, str(Path(args.resume).absolute())
+        cfg.resume, cfg.load_from = True, absolute(args.resume)
     elif args.load_from is not None:
         cfg.load_from = args.load_from
     if args.launcher is not None:
@@ -250,9 +254,9 @@ def _worker_argv(args: argparse.Namespace, work_dir: str, max_restarts: int = 0)
     if args.resume == "auto":
         argv.append("--resume")
     elif args.resume is not None:
-        argv += ["--resume", str(Path(args.resume).absolute())]
+        argv += ["--resume", absolute(args.resume)]
     if args.load_from is not None:
-        argv += ["--load-from", str(Path(args.load_from).absolute())]
+        argv += ["--load-from", absolute(args.load_from)]
     if getattr(args, "cfg_options_raw", None):
         argv += ["--cfg-options", *args.cfg_options_raw]
     if args.auto_resume or max_restarts > 0:
@@ -271,6 +275,7 @@ def _apply_auto_resume(cfg: Any) -> str | None:
     """On an elastic restart, resume from the newest checkpoint committed since the launch;
     returns what to log about it."""
     from shardwise.checkpoint import find_last_checkpoint
+    from shardwise.checkpoint.object_commit import commit_time
 
     from .launch import LAUNCH_TIME_ENV
 
@@ -279,7 +284,8 @@ def _apply_auto_resume(cfg: Any) -> str | None:
         return None
     latest = find_last_checkpoint(cfg.work_dir)
     launched = float(os.environ.get(LAUNCH_TIME_ENV, "0") or 0)
-    if latest is not None and os.stat(latest).st_mtime >= launched:
+    committed = commit_time(latest) if is_url(latest or "") else os.stat(latest or ".").st_mtime
+    if latest is not None and committed >= launched:
         cfg.resume, cfg.load_from = latest, None
         return f"Restart {restart}: resuming from {latest}"
     return f"Restart {restart}: no checkpoint committed since the launch; starting over"

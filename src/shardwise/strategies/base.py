@@ -24,9 +24,11 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from shardwise import dist
+from shardwise.checkpoint.agreement import on_every_rank
 from shardwise.checkpoint.checkpointer import Checkpointer, Layout
 from shardwise.checkpoint.formats import FULL
 from shardwise.checkpoint.retention import check_max_keep_ckpts
+from shardwise.checkpoint.storage import ObjectURL, check_storage, location
 from shardwise.env import collect_env, set_random_seed
 from shardwise.logging import get_logger
 from shardwise.optim import OptimWrapper, OptimWrapperDict
@@ -58,7 +60,11 @@ class BaseStrategy(StrategyCheckpoints):
     """Base class of the strategies; see the module docstring.
 
     Args:
-        work_dir: where checkpoints, logs and ``last_checkpoint`` go.
+        work_dir: where checkpoints, logs and ``last_checkpoint`` go; an object-store URL
+            (``s3://bucket/run``, any fsspec URL) keeps the checkpoints and
+            ``last_checkpoint`` there and the logs in ``work_dirs/<its last part>`` (checked
+            on every rank before anything else: the protocol's package, the credentials and
+            the bucket).
         experiment_name: defaults to the timestamp of this run.
         env_kwargs: ``launcher`` (inferred when absent), ``cudnn_benchmark``, ``mp_cfg``,
             ``dist_cfg`` (``backend``, ``timeout``), ``resource_limit`` (``RLIMIT_NOFILE``
@@ -98,10 +104,16 @@ class BaseStrategy(StrategyCheckpoints):
         check_max_keep_ckpts(max_keep_ckpts)
         self._auto_scale_lr = check_auto_scale_lr(auto_scale_lr)
         self._env_kwargs = dict(env_kwargs or {})
-        self._work_dir = Path(work_dir).absolute()
+        self._work_dir = location(work_dir)
+        if isinstance(self._work_dir, Path):
+            self._work_dir = self._work_dir.absolute()
         self._setup_env(**self._env_kwargs)
         self._experiment_name = experiment_name or self._timestamp
-        self._log_dir = self._work_dir / self._timestamp
+        local_dir = self._work_dir
+        if isinstance(local_dir, ObjectURL):  # refused on every rank, or on none
+            on_every_rank(lambda: check_storage(self.work_dir), f"checking work_dir={work_dir}")
+            local_dir = Path("work_dirs", local_dir.name).absolute()
+        self._log_dir = local_dir / self._timestamp
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self.logger = self.build_logger(**(log_kwargs or {}))
         self._checkpointer = Checkpointer(

@@ -13,7 +13,20 @@ from typing import Any
 
 import torch
 
+from shardwise.checkpoint.agreement import on_every_rank
 from shardwise.checkpoint.retention import check_max_keep_ckpts
+from shardwise.checkpoint.storage import (
+    check_storage,
+    delete_objects,
+    exists,
+    is_url,
+    list_objects,
+    object_info,
+    protocol_of,
+    read_object,
+    set_storage_options,
+    write_object,
+)
 from shardwise.registry import HOOKS
 
 from .hook import Hook
@@ -33,7 +46,9 @@ class CheckpointHook(Hook):
         by_epoch: count ``interval`` in epochs or in iterations.
         save_optimizer, save_param_scheduler: store their state (needed to resume).
         out_dir: where checkpoints go: the work dir by default; else, as in mmengine,
-            ``out_dir/<last directory of work_dir>``.
+            ``out_dir/<last directory of work_dir>``; a local directory or an object-store
+            URL (``s3://bucket/ckpts``, any fsspec URL; ``last_checkpoint`` stays in the work
+            dir, naming the URL, as mmengine writes it).
         max_keep_ckpts: keep only the newest N periodic checkpoints (-1: all; None: the
             strategy's ``max_keep_ckpts``). The strategy's checkpoint engine deletes the
             outdated ones once the newer one is committed, and so does it for the previous best
@@ -53,9 +68,10 @@ class CheckpointHook(Hook):
         async_save: handed to the strategy's ``save_checkpoint(async_save=...)`` when set
             (None: the strategy's default); with True, training blocks only while the state
             is copied to host memory.
-        file_client_args, backend_args: mmengine's storage options; shardwise writes through
-            its strategy onto a local or shared filesystem, so only the local backend
-            (``backend='local'`` or ``'disk'``) is accepted.
+        file_client_args, backend_args: mmengine's storage options. With a URL ``out_dir``,
+            the client's options for it (fsspec's: s3fs's ``endpoint_url``, ``key``,
+            ``secret``, ``client_kwargs``...), ``backend`` being absent, ``'fsspec'`` or the
+            URL's protocol; with a local ``out_dir``, only ``backend='local'`` (or ``'disk'``).
 
     The attributes are mmengine's: ``out_dir`` (resolved in ``before_train``),
     ``key_indicators`` and ``rules`` (the ``save_best`` keys and their rules),
@@ -116,12 +132,7 @@ class CheckpointHook(Hook):
                 "Give backend_args only (file_client_args is mmengine's older name)."
             )
         for name, args in (("file_client_args", file_client_args), ("backend_args", backend_args)):
-            if args is not None and args.get("backend") not in _LOCAL_BACKENDS:
-                raise ValueError(
-                    f"CheckpointHook({name}={args!r}): shardwise saves checkpoints through its "
-                    "strategy onto a local or shared filesystem; only backend='local' (or "
-                    "'disk') is supported. Mount the storage and set out_dir to its path."
-                )
+            _check_backend_args(name, args, out_dir)
         if max_keep_ckpts is not None:
             check_max_keep_ckpts(max_keep_ckpts)
         if save_begin < 0:
@@ -135,6 +146,7 @@ class CheckpointHook(Hook):
         self.save_last = save_last
         self.file_client_args = file_client_args
         self.backend_args = backend_args
+        self._storage_options = _storage_options(backend_args or file_client_args)
         self.filename_tmpl = filename_tmpl or ("epoch_{}.pth" if by_epoch else "iter_{}.pth")
         self.save_begin = save_begin
         self.async_save = async_save
@@ -201,9 +213,15 @@ class CheckpointHook(Hook):
         if self.out_dir is None:
             self.out_dir = work_dir
         elif str(self.out_dir) != work_dir:
+            if is_url(self.out_dir) and self._storage_options:
+                set_storage_options(str(self.out_dir), self._storage_options)
             basename = os.path.basename(work_dir.rstrip(os.sep))
             self.out_dir = os.path.join(str(self.out_dir), basename)
         self.file_backend = self.file_client = _LocalFiles()
+        if is_url(self.out_dir):  # refused on every rank, or on none
+            out_dir = self.out_dir
+            on_every_rank(lambda: check_storage(out_dir, "out_dir"), f"checking {out_dir}")
+            self.file_backend = self.file_client = _ObjectFiles()
         runner.logger.info("Checkpoints will be saved to %s.", self.out_dir)
         hub = runner.message_hub
         if self.save_best is not None:
@@ -351,14 +369,15 @@ class CheckpointHook(Hook):
     # ------------------------------------------------------------------ publishing
     def _publish_model(self, runner, ckpt_path: str) -> None:
         """``ckpt_path`` with only ``published_keys``, as ``<name>-<sha256[:8]>.pth``."""
-        if not os.path.isfile(ckpt_path):  # a sharded checkpoint is a directory
+        if not self.file_backend.isfile(ckpt_path):  # a sharded checkpoint is a directory
             runner.logger.warning(
                 "published_keys: %s is not a single-file checkpoint (a sharded one?); it is "
                 "not published (publishing rewrites one file). Save a full checkpoint to publish.",
                 ckpt_path,
             )
             return
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        source = io.BytesIO(read_object(ckpt_path)) if is_url(ckpt_path) else ckpt_path
+        checkpoint = torch.load(source, map_location="cpu", weights_only=True)
         removed = [key for key in list(checkpoint) if key not in self.published_keys]
         for key in removed:
             checkpoint.pop(key)
@@ -373,8 +392,11 @@ class CheckpointHook(Hook):
         torch.save(checkpoint, buffer)
         sha = hashlib.sha256(buffer.getvalue()).hexdigest()
         final_path = os.path.splitext(ckpt_path)[0] + f"-{sha[:8]}.pth"
-        with open(final_path, "wb") as f:
-            f.write(buffer.getvalue())
+        if is_url(final_path):
+            write_object(final_path, buffer.getvalue())
+        else:
+            with open(final_path, "wb") as f:
+                f.write(buffer.getvalue())
         runner.logger.info("The checkpoint (%s) is published to %s.", ckpt_path, final_path)
 
 
@@ -407,6 +429,53 @@ class _LocalFiles:
 
     def rmtree(self, dir_path: str | os.PathLike[str]) -> None:
         shutil.rmtree(dir_path)
+
+
+class _ObjectFiles:
+    """mmengine's file backend methods a checkpoint hook uses, for an ``out_dir`` URL."""
+
+    name = "FsspecBackend"
+
+    def join_path(self, filepath: str, *filepaths: str) -> str:
+        return "/".join([str(filepath).rstrip("/"), *filepaths])
+
+    def isfile(self, filepath: str) -> bool:
+        return object_info(filepath) is not None
+
+    def isdir(self, filepath: str) -> bool:
+        return not self.isfile(filepath) and exists(filepath)
+
+    def exists(self, filepath: str) -> bool:
+        return exists(filepath)
+
+    def remove(self, filepath: str) -> None:
+        delete_objects([filepath])
+
+    def rmtree(self, dir_path: str) -> None:
+        delete_objects([f"{dir_path}/{rel}" for rel in list_objects(dir_path)])
+
+
+def _check_backend_args(name: str, args: dict | None, out_dir: Any) -> None:
+    """mmengine's ``backend_args``: a local backend for a local ``out_dir``; fsspec's
+    options (``backend`` absent, ``'fsspec'`` or the URL's protocol) for a URL."""
+    if args is None:
+        return
+    backend = args.get("backend")
+    if is_url(out_dir) and backend in (None, "fsspec", protocol_of(out_dir)):
+        return
+    if not is_url(out_dir) and backend in _LOCAL_BACKENDS:
+        return
+    raise ValueError(
+        f"CheckpointHook({name}={args!r}, out_dir={out_dir!r}): shardwise reaches storage "
+        "through its paths: a local (or mounted) out_dir with backend='local', or an fsspec "
+        "URL such as out_dir='s3://bucket/prefix' with the client's options in backend_args "
+        "(backend absent or 'fsspec'; e.g. endpoint_url, key, secret)"
+    )
+
+
+def _storage_options(args: dict | None) -> dict[str, Any]:
+    """fsspec's options in mmengine's ``backend_args`` (all but ``backend``)."""
+    return {k: v for k, v in (args or {}).items() if k != "backend"}
 
 
 def _check_save_best(save_best: Any) -> list[str] | None:

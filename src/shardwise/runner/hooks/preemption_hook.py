@@ -29,13 +29,13 @@ import shutil
 import signal
 import subprocess
 import threading
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as torch_dist
 
 from shardwise import dist
+from shardwise.checkpoint.storage import location
 from shardwise.registry import HOOKS
 
 from .hook import Hook
@@ -142,7 +142,7 @@ class PreemptionHook(Hook):
             return
         name = signal.Signals(signum).name
         done = runner.iter + 1
-        path = str(Path(runner.work_dir) / self.filename_tmpl.format(done))
+        path = str(location(runner.work_dir) / self.filename_tmpl.format(done))
         runner.logger.warning(
             "%s received: saving a checkpoint at iteration %d and stopping", name, done
         )
