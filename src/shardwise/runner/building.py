@@ -14,6 +14,7 @@ from typing import Any
 from shardwise import dist, launch_env
 from shardwise.checkpoint.storage import ObjectURL, is_url, write_object
 from shardwise.config import Config
+from shardwise.integrations import openmmlab
 from shardwise.registry import LOG_PROCESSORS, LOOPS, STRATEGIES, VISUALIZERS
 from shardwise.strategies import BaseStrategy
 from shardwise.visualization import Visualizer
@@ -40,7 +41,7 @@ _KEYS = dict.fromkeys(
         "experiment_name strategy train_dataloader optim_wrapper param_scheduler train_cfg "
         "val_dataloader val_cfg val_evaluator test_dataloader test_cfg test_evaluator "
         "custom_hooks load_from launcher env_cfg randomness auto_scale_lr visualizer "
-        "log_processor"
+        "log_processor default_scope data_preprocessor"
     ).split()
 )
 _KEYS.update(work_dir="work_dirs", resume=False, log_level="INFO", compile=False)
@@ -127,7 +128,9 @@ def build_visualizer(
 ) -> Visualizer:
     """The visualizer object, or one built from its config with ``name`` (the experiment
     name) and ``save_dir`` (the log directory) as defaults; None: one without trackers.
-    A ``type`` shardwise does not have (a task library's ``DetLocalVisualizer``...) is
+    An OpenMMLab package's (``UniversalVisualizer`` under ``default_scope='mmpretrain'``) is
+    built as mmengine builds it, as the current instance its hooks look up; a ``type``
+    found nowhere (a task library's ``DetLocalVisualizer`` without the library...) is
     warned about and its ``vis_backends`` go to shardwise's ``Visualizer``."""
     if isinstance(visualizer, Visualizer):
         return visualizer
@@ -151,6 +154,8 @@ def build_visualizer(
             ", ".join(sorted(VISUALIZERS.module_dict)),
         )
         cls = Visualizer
+    if openmmlab.from_mmengine(cls):  # by name, as its hooks find it: get_current_instance()
+        return cls.get_instance(**cfg)
     return cls(**cfg)
 
 

@@ -27,6 +27,7 @@ from shardwise.checkpoint import CheckpointError
 from shardwise.checkpoint.formats import detect_format
 from shardwise.checkpoint.storage import check_storage, exists, is_url
 from shardwise.config import Config
+from shardwise.integrations import openmmlab
 from shardwise.optim import OptimWrapper
 from shardwise.optim.parts import SINGLE, optim_wrapper_parts
 from shardwise.optim.scheduler.builder import build_param_scheduler
@@ -40,6 +41,8 @@ from shardwise.registry import (
     OPTIMIZERS,
     PARAM_SCHEDULERS,
     STRATEGIES,
+    VISUALIZERS,
+    DefaultScope,
 )
 from shardwise.visualization import check_vis_backends
 
@@ -78,7 +81,21 @@ def check_config(
 ) -> None:
     """Refuse a config that cannot train (see the module docstring). ``world_size`` and
     ``local_world_size``: of the run to be launched (default: this process's, from the
-    environment). Side-effect free."""
+    environment). Side-effect free. Names resolve under the config's ``default_scope``, as
+    in the run."""
+    scope = cfg.get("default_scope")
+    if scope is not None and not isinstance(scope, str):
+        raise TypeError(
+            f"default_scope={scope!r}: expected the name of a registry scope, e.g. "
+            "default_scope='mmpretrain'"
+        )
+    with DefaultScope.overwrite_default_scope(scope):
+        _check_config(cfg, world_size, local_world_size)
+
+
+def _check_config(
+    cfg: Config | Mapping[str, Any], world_size: int | None, local_world_size: int | None
+) -> None:
     if cfg.get("model") is None:
         where = f" ({cfg.filename})" if getattr(cfg, "filename", None) else ""
         raise ValueError(
@@ -100,7 +117,8 @@ def check_config(
         resume=cfg.get("resume", False),
     )
     check_types(cfg)
-    check_vis_backends(cfg.get("visualizer"))
+    if not _is_mmengine_visualizer(cfg.get("visualizer")):  # which builds its own backends
+        check_vis_backends(cfg.get("visualizer"))
     check_storage(cfg.get("work_dir") or "", "work_dir")  # a URL: its store is reachable
     world = world_size or int(os.environ.get("WORLD_SIZE", "1") or 1)
     local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world
@@ -109,6 +127,14 @@ def check_config(
     optimizer = _check_optim_wrapper(optim_wrapper, "optim_wrapper")
     if optimizer is not None and cfg.get("param_scheduler") is not None:
         _check_schedulers(cfg["param_scheduler"], optimizer, cfg.get("train_cfg") or {})
+
+
+def _is_mmengine_visualizer(visualizer: Any) -> bool:
+    """Whether a ``visualizer`` config names an OpenMMLab package's (mmengine's class)."""
+    if not isinstance(visualizer, Mapping) or not isinstance(visualizer.get("type"), str):
+        return False
+    with at("visualizer.type"):
+        return openmmlab.from_mmengine(VISUALIZERS.resolve(visualizer["type"]))
 
 
 def _check_strategy(strategy: Any, world_size: int, local_size: int) -> None:

@@ -6,6 +6,12 @@ the epoch, gives each rank its share, and can start its next pass at any positio
 resumed run continues with exactly the next batch without loading the batches it skips.
 Worker processes are seeded from the seed, the epoch and the rank.
 
+A dataset of mmengine's (an OpenMMLab package's: ``mmpretrain``'s ``CustomDataset``...) gets the
+loader mmengine's Runner would build for it: ``full_init()`` first, mmengine's
+``pseudo_collate`` by default (its samples hold data elements that the model's data
+preprocessor batches; ``collate_fn`` names are mmengine's), mmengine's worker seeding, and
+``draw_like_mmengine`` where mmengine's loops open a DataLoader iterator (see there).
+
 Example::
 
     loader = build_dataloader(
@@ -29,7 +35,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torch.utils.data.dataloader import default_collate
 
 from shardwise import dist
-from shardwise.registry import DATASETS, FUNCTIONS
+from shardwise.integrations import openmmlab
+from shardwise.registry import DATA_SAMPLERS, DATASETS, FUNCTIONS, DefaultScope
 
 __all__ = [
     "ResumableSampler",
@@ -38,6 +45,7 @@ __all__ = [
     "seed_worker",
     "pseudo_collate",
     "default_collate",
+    "draw_like_mmengine",
 ]
 
 logger = logging.getLogger(__name__)
@@ -146,17 +154,22 @@ def build_dataloader(
     shuffle: bool = True,
     num_replicas: int | None = None,
     rank: int | None = None,
+    worker_seed: int | None = None,
 ) -> DataLoader:
     """A ``DataLoader`` from an object (returned as it is) or a config.
 
     Config keys: ``dataset`` (a ``Dataset`` or a ``DATASETS`` config, required),
     ``batch_size`` (per rank, required), ``num_workers``, ``sampler`` (mmengine's
-    ``dict(type='DefaultSampler', shuffle=True, seed=None)``), ``shuffle`` (alternative to
+    ``dict(type='DefaultSampler', shuffle=True, seed=None)``; another ``type`` is built from
+    ``DATA_SAMPLERS`` with ``dataset`` and ``seed``), ``shuffle`` (alternative to
     the sampler's), ``collate_fn`` (a callable or ``dict(type='default_collate' |
-    'pseudo_collate')``; torch's ``default_collate`` by default), and the ``DataLoader``
+    'pseudo_collate')``; torch's ``default_collate`` by default, mmengine's ``pseudo_collate``
+    for a dataset of mmengine's), and the ``DataLoader``
     keywords ``pin_memory``, ``drop_last``, ``persistent_workers``, ``prefetch_factor``.
     ``shuffle`` is the default when neither the config nor its sampler says.
     ``num_replicas`` and ``rank`` split the data (default: the process group's world and rank).
+    ``worker_seed``: the run's seed, which seeds the workers of a dataset of mmengine's as
+    mmengine's Runner does (default ``seed``).
     """
     if isinstance(dataloader, DataLoader):
         return dataloader
@@ -170,27 +183,21 @@ def build_dataloader(
     dataset = cfg.pop("dataset")
     if isinstance(dataset, Mapping):
         dataset = DATASETS.build(dataset)
+        if callable(getattr(dataset, "full_init", None)):  # mmengine's: loads its annotations
+            dataset.full_init()
+    like_mmengine = openmmlab.from_mmengine(dataset)
     sampler_cfg = dict(cfg.pop("sampler", None) or {})
-    shuffle = bool(sampler_cfg.pop("shuffle", cfg.pop("shuffle", shuffle)))
-    sampler_seed = sampler_cfg.pop("seed", None)
-    sampler_cfg.pop("type", None)
-    sampler_cfg.pop("round_up", None)  # the sampler always pads to equal shares
-    if sampler_cfg:
-        raise ValueError(f"unknown sampler keys {sorted(sampler_cfg)}; accepted: shuffle, seed")
-    collate_fn = cfg.pop("collate_fn", None) or default_collate
-    if isinstance(collate_fn, Mapping):
-        collate_cfg = dict(collate_fn)
-        func = FUNCTIONS.resolve(collate_cfg.pop("type"))
-        collate_fn = functools.partial(func, **collate_cfg) if collate_cfg else func
+    shuffle = cfg.pop("shuffle", shuffle)
     generator = torch.Generator()
-    sampler = ResumableSampler(
-        dataset,
-        shuffle=shuffle,
-        seed=seed if sampler_seed is None else int(sampler_seed),
-        generator=generator,
-        num_replicas=num_replicas,
-        rank=rank,
-    )
+    if sampler_cfg.get("type", "DefaultSampler") in _SAMPLER_NAMES:
+        shuffle = bool(sampler_cfg.pop("shuffle", shuffle))
+        sampler_seed = seed if sampler_cfg.get("seed") is None else int(sampler_cfg["seed"])
+        sampler = _resumable_sampler(
+            dataset, sampler_cfg, shuffle, sampler_seed, generator, num_replicas, rank
+        )
+    else:  # a package's sampler, built as mmengine's Runner builds it
+        sampler = DATA_SAMPLERS.build(sampler_cfg, default_args=dict(dataset=dataset, seed=seed))
+    collate_fn = _collate_fn(cfg.pop("collate_fn", None), like_mmengine)
     kwargs = {k: cfg.pop(k) for k in _LOADER_KEYS if k in cfg}
     cfg.pop("worker_init_fn", None)
     if cfg:
@@ -201,14 +208,61 @@ def build_dataloader(
     if kwargs.get("num_workers", 0) == 0:
         kwargs.pop("persistent_workers", None)
         kwargs.pop("prefetch_factor", None)
+    init_fn = seed_worker
+    if like_mmengine:
+        init_fn = openmmlab.worker_init_fn(
+            num_workers=kwargs.get("num_workers", 0),
+            rank=dist.get_rank(),
+            seed=seed if worker_seed is None else worker_seed,
+        )
     return DataLoader(
         dataset,
         sampler=sampler,
         collate_fn=collate_fn,
-        worker_init_fn=seed_worker,
+        worker_init_fn=init_fn,
         generator=generator,
         **kwargs,
     )
+
+
+def _resumable_sampler(
+    dataset: Dataset,
+    sampler_cfg: dict[str, Any],
+    shuffle: bool,
+    seed: int,
+    generator: torch.Generator,
+    num_replicas: int | None,
+    rank: int | None,
+) -> ResumableSampler:
+    """The sampler of mmengine's ``DefaultSampler`` (and the names like it) configs."""
+    unknown = set(sampler_cfg) - {"type", "seed", "round_up"}  # it always pads equal shares
+    if unknown:
+        raise ValueError(f"unknown sampler keys {sorted(unknown)}; accepted: shuffle, seed")
+    return ResumableSampler(
+        dataset,
+        shuffle=shuffle,
+        seed=seed,
+        generator=generator,
+        num_replicas=num_replicas,
+        rank=rank,
+    )
+
+
+def _collate_fn(collate_fn: Any, like_mmengine: bool) -> Any:
+    """The collate function of a dataloader config (a dataset of mmengine's: mmengine's
+    default and names, as its Runner resolves them)."""
+    if collate_fn is None:
+        return pseudo_collate if like_mmengine else default_collate
+    if not isinstance(collate_fn, Mapping):
+        return collate_fn
+    cfg = dict(collate_fn)
+    name = cfg.pop("type")
+    func = None
+    if like_mmengine and isinstance(name, str):
+        current = DefaultScope.get_current_instance()
+        func = openmmlab.collate_function(name, current and current.scope_name)
+    func = func or FUNCTIONS.resolve(name)
+    return functools.partial(func, **cfg) if cfg else func
 
 
 def check_dataloader_cfg(cfg: Mapping[str, Any], name: str = "dataloader") -> None:
@@ -225,10 +279,13 @@ def check_dataloader_cfg(cfg: Mapping[str, Any], name: str = "dataloader") -> No
             f"e.g. {name}=dict(batch_size=32, dataset=...)"
         )
     sampler = cfg.get("sampler")
-    if isinstance(sampler, Mapping) and sampler.get("type", "DefaultSampler") not in _SAMPLER_NAMES:
+    kind = sampler.get("type", "DefaultSampler") if isinstance(sampler, Mapping) else None
+    if kind is not None and kind not in _SAMPLER_NAMES and DATA_SAMPLERS.get(kind) is None:
         raise ValueError(
-            f"{name}.sampler type {sampler.get('type')!r} is not supported; use one of "
-            f"{list(_SAMPLER_NAMES)} (they shuffle with a seed and split the data across ranks)"
+            f"{name}.sampler type {kind!r} is not supported; use one of "
+            f"{list(_SAMPLER_NAMES)} (they shuffle with a seed, split the data across ranks and "
+            "resume mid-epoch), or a sampler registered in DATA_SAMPLERS (an OpenMMLab "
+            "package's, under the config's default_scope)"
         )
 
 
@@ -267,3 +324,18 @@ def set_sampler_seed(loader: DataLoader, seed: int) -> None:
     sampler = _sampler_of(loader)
     if isinstance(sampler, ResumableSampler):
         sampler.set_seed(seed)
+
+
+def draw_like_mmengine(loader: DataLoader) -> None:
+    """Draw from torch's global generator what ``iter(loader)`` would draw if ``loader`` had
+    no generator of its own (one int64: the workers' base seed), for a dataset of mmengine's.
+
+    mmengine's Runner builds its DataLoaders without a generator, so each iterator it opens
+    draws from the generator that also seeds the model's ``init_weights`` and its dropout. The
+    Runner's loops call this where mmengine's loops open one (the iteration-based loop before
+    ``init_weights``, each training epoch from its first batch), so that a seeded run starts
+    from mmengine's weights and draws its masks; the loader's own generator keeps a resumed
+    run's draws those of the run it continues (see :class:`ResumableSampler`).
+    """
+    if openmmlab.from_mmengine(loader.dataset) and loader.generator is not None:
+        torch.empty((), dtype=torch.int64).random_()

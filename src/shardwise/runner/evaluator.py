@@ -17,6 +17,10 @@ Example::
             return {'mae': sum(results) / len(results)}
 
     val_evaluator = dict(type='MeanAbsError')
+
+An OpenMMLab package's metrics (mmengine's ``BaseMetric``: ``dict(type='Accuracy', topk=(1,))``
+under ``default_scope='mmpretrain'``) are evaluated by mmengine's own ``Evaluator``, as under
+mmengine's Runner.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from typing import Any
 import torch
 
 from shardwise import dist
-from shardwise.registry import METRICS
+from shardwise.integrations import openmmlab
+from shardwise.registry import EVALUATOR, METRICS
 
 __all__ = ["BaseMetric", "Evaluator", "Accuracy", "MeanLoss", "build_evaluator"]
 
@@ -169,6 +174,7 @@ def _labels(data_batch: Any) -> torch.Tensor:
     )
 
 
+@EVALUATOR.register_module()
 class Evaluator:
     """Runs several metrics over the same validation pass and merges their dicts.
 
@@ -179,12 +185,24 @@ class Evaluator:
     def __init__(self, metrics: BaseMetric | Mapping[str, Any] | Sequence[Any]) -> None:
         items = metrics if isinstance(metrics, Sequence) else [metrics]
         self.metrics = [m if isinstance(m, BaseMetric) else METRICS.build(m) for m in items]
+        self._dataset_meta: dict | None = None
         for metric in self.metrics:
             if not hasattr(metric, "process") or not hasattr(metric, "evaluate"):
                 raise TypeError(
                     f"{type(metric).__name__} is not a metric: it needs process() and "
                     "evaluate(size); subclass shardwise.runner.BaseMetric"
                 )
+
+    @property
+    def dataset_meta(self) -> dict | None:
+        """The dataset's meta information (its ``metainfo``), handed to every metric."""
+        return self._dataset_meta
+
+    @dataset_meta.setter
+    def dataset_meta(self, dataset_meta: dict | None) -> None:
+        self._dataset_meta = dataset_meta
+        for metric in self.metrics:
+            metric.dataset_meta = dataset_meta
 
     def process(self, data_samples: Any, data_batch: Any = None) -> None:
         """Hand one batch and the model's outputs for it to every metric."""
@@ -205,11 +223,16 @@ class Evaluator:
         return merged
 
 
-def build_evaluator(evaluator: Evaluator | Any) -> Evaluator:
+def build_evaluator(evaluator: Evaluator | Any) -> Any:
     """An :class:`Evaluator` from an evaluator, a metric, a config or a list of them
-    (mmengine's ``dict(type='Evaluator', metrics=[...])`` too)."""
-    if isinstance(evaluator, Evaluator):
+    (mmengine's ``dict(type='Evaluator', metrics=[...])`` too); over an OpenMMLab package's
+    metrics, mmengine's ``Evaluator``. An evaluator object is returned as it is."""
+    if isinstance(evaluator, Evaluator) or hasattr(evaluator, "metrics"):
         return evaluator
     if isinstance(evaluator, Mapping) and evaluator.get("type") == "Evaluator":
-        return Evaluator(evaluator["metrics"])
-    return Evaluator(evaluator)
+        evaluator = evaluator["metrics"]
+    items = list(evaluator) if isinstance(evaluator, Sequence) else [evaluator]
+    metrics = [METRICS.build(m) if isinstance(m, Mapping) else m for m in items]
+    if any(openmmlab.from_mmengine(metric) for metric in metrics):
+        return openmmlab.evaluator(metrics)
+    return Evaluator(metrics)

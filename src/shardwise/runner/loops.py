@@ -6,6 +6,12 @@ the position (``epoch``, ``iter``) that checkpoints record, and continue a resum
 exactly the next batch: the data epoch and the number of batches consumed in it follow
 from ``iter`` and the epoch length, and the sampler starts there without loading the
 batches before it.
+
+Over a dataset of mmengine's, the loops draw from torch's generator where mmengine's open a
+DataLoader iterator (each training epoch from its first batch, each validation pass;
+:func:`draw_like_mmengine`), and a resumed run makes the draw of the validation pass that
+followed its checkpoint in the run it continues; the loops hand the dataset's ``metainfo`` to
+the evaluator and the visualizer, as mmengine's loops do.
 """
 
 from __future__ import annotations
@@ -16,11 +22,32 @@ from typing import Any
 
 import torch
 
+from shardwise.integrations import openmmlab
 from shardwise.registry import LOOPS
 
-from .data import set_sampler_seed, start_epoch
+from .data import draw_like_mmengine, set_sampler_seed, start_epoch
 
-__all__ = ["BaseLoop", "EpochBasedTrainLoop", "IterBasedTrainLoop", "ValLoop", "TestLoop"]
+__all__ = [
+    "BaseLoop",
+    "EpochBasedTrainLoop",
+    "IterBasedTrainLoop",
+    "ValLoop",
+    "TestLoop",
+    "share_metainfo",
+]
+
+
+def share_metainfo(runner: Any, dataloader: Any, evaluator: Any = None) -> None:
+    """The dataset's ``metainfo`` (an mmengine dataset's classes...) to the evaluator and
+    its metrics and to the runner's visualizer, as mmengine's loops hand it over."""
+    metainfo = getattr(getattr(dataloader, "dataset", None), "metainfo", None)
+    if metainfo is None:
+        return
+    if evaluator is not None:
+        evaluator.dataset_meta = metainfo
+    visualizer = getattr(runner, "visualizer", None)
+    if visualizer is not None and hasattr(visualizer, "dataset_meta"):
+        visualizer.dataset_meta = metainfo
 
 
 class BaseLoop:
@@ -51,6 +78,8 @@ class _TrainLoop(BaseLoop):
         self._epoch = 0
         self._iter = 0
         self._skip = 0  # batches of the current data epoch consumed before a resume
+        self._validating = False
+        share_metainfo(runner, dataloader)
 
     @property
     def epoch(self) -> int:
@@ -75,8 +104,12 @@ class _TrainLoop(BaseLoop):
 
     def state_dict(self) -> dict[str, Any]:
         """The position a checkpoint's ``meta`` records (mmengine's ``epoch`` and ``iter``,
-        with the epoch length it was reached with)."""
-        return dict(epoch=self._epoch, iter=self._iter, epoch_length=self.epoch_length)
+        with the epoch length it was reached with; ``in_validation`` for a save made during
+        a validation pass over a dataset of mmengine's, see :meth:`_replay_validation_draw`)."""
+        state = dict(epoch=self._epoch, iter=self._iter, epoch_length=self.epoch_length)
+        if self._validating and self._val_draws_like_mmengine():
+            state["in_validation"] = True
+        return state
 
     def load_state_dict(self, meta: dict[str, Any]) -> None:
         """Continue from a checkpoint's ``meta``: the position (:meth:`restore`) and the
@@ -84,12 +117,41 @@ class _TrainLoop(BaseLoop):
         the runner's)."""
         self.restore(meta.get("epoch", 0), meta.get("iter", 0), meta.get("epoch_length"))
         set_sampler_seed(self.dataloader, self.runner._data_seed())
+        self._replay_validation_draw(meta)
         self.runner.logger.info(
             "Continuing at epoch %d, iteration %d (completed, as the checkpoint's meta and "
             "shardwise ckpt inspect count them)",
             self.epoch,
             self.iter,
         )
+
+    def _val_draws_like_mmengine(self) -> bool:
+        val_loop = self.runner.val_loop
+        return val_loop is not None and openmmlab.from_mmengine(
+            getattr(val_loop.dataloader, "dataset", None)
+        )
+
+    def _replay_validation_draw(self, meta: dict[str, Any]) -> None:
+        """Over a validation dataset of mmengine's: the draw of the validation pass that
+        followed the checkpoint in the run this one continues (a pass due at the checkpoint's
+        position, which the checkpoint was saved before; this run does not repeat it), so
+        that the random state continues as that run's."""
+        if not self._val_draws_like_mmengine() or meta.get("in_validation"):
+            return
+        count = self._iter if not self.by_epoch else self._epoch
+        at_boundary = not self.by_epoch or self._skip == 0
+        if count > 0 and at_boundary and self._validate_now(count, count == self._max_count()):
+            draw_like_mmengine(self.runner.val_loop.dataloader)
+
+    def _max_count(self) -> int:
+        return self._max_epochs if self.by_epoch else self._max_iters
+
+    def _validate(self) -> None:
+        self._validating = True
+        try:
+            self.runner.val_loop.run()
+        finally:
+            self._validating = False
 
     def restore(self, epoch: int, iteration: int, epoch_length: int | None = None) -> None:
         """Continue from a checkpoint's position: ``epoch`` and ``iteration`` as its ``meta``
@@ -151,7 +213,7 @@ class EpochBasedTrainLoop(_TrainLoop):
         while self._epoch < self._max_epochs and not self.stop_training:
             self.run_epoch()
             if self._validate_now(self._epoch, self._epoch == self._max_epochs):
-                runner.val_loop.run()
+                self._validate()
         runner.call_hook("after_train")
         return runner.model
 
@@ -160,6 +222,8 @@ class EpochBasedTrainLoop(_TrainLoop):
         runner.call_hook("before_train_epoch")
         runner.model.train()
         skip, self._skip = self._skip, 0
+        if skip == 0:  # a resumed epoch drew when it started, before its checkpoint
+            draw_like_mmengine(self.dataloader)
         batches = start_epoch(self.dataloader, self._epoch, skip_batches=skip)
         for batch_idx, data_batch in enumerate(batches, start=skip):
             self.run_iter(batch_idx, data_batch)
@@ -170,11 +234,18 @@ class EpochBasedTrainLoop(_TrainLoop):
 
 
 class _EndlessBatches:
-    """Batches of data epoch after data epoch, starting at a given position."""
+    """Batches of data epoch after data epoch, starting at a given position.
+
+    Over a dataset of mmengine's it draws where mmengine's endless iterator opens a new one:
+    at each new data epoch (the first one's draw was made before ``init_weights``, see
+    :meth:`Runner.train`), and at a resumed position that starts a data epoch.
+    """
 
     def __init__(self, loader, epoch: int, skip: int) -> None:
         self.loader = loader
         self.epoch = epoch
+        if epoch > 0 and skip == 0:
+            draw_like_mmengine(loader)
         self._batches: Iterator[Any] = start_epoch(loader, epoch, skip_batches=skip)
 
     def __next__(self) -> Any:
@@ -182,6 +253,7 @@ class _EndlessBatches:
             return next(self._batches)
         except StopIteration:
             self.epoch += 1
+            draw_like_mmengine(self.loader)
             self._batches = start_epoch(self.loader, self.epoch)
             return next(self._batches)
 
@@ -219,7 +291,7 @@ class IterBasedTrainLoop(_TrainLoop):
             data_batch = next(batches)
             self.run_iter(self._iter, data_batch)
             if self._validate_now(self._iter, self._iter == self._max_iters):
-                runner.val_loop.run()
+                self._validate()
         runner.call_hook("after_train_epoch")
         runner.call_hook("after_train")
         return runner.model
@@ -237,6 +309,7 @@ class _EvalLoop(BaseLoop):
         super().__init__(runner, dataloader)
         self.evaluator = evaluator
         self.fp16 = fp16
+        share_metainfo(runner, dataloader, evaluator)
 
     def run(self) -> dict[str, Any]:
         runner, mode = self.runner, self.mode
@@ -244,6 +317,7 @@ class _EvalLoop(BaseLoop):
         runner.call_hook(f"before_{mode}_epoch")
         was_training = runner.model.training
         runner.model.eval()
+        draw_like_mmengine(self.dataloader)
         for batch_idx, data_batch in enumerate(start_epoch(self.dataloader, 0)):
             self.run_iter(batch_idx, data_batch)
         try:

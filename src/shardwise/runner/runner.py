@@ -23,7 +23,9 @@ or with objects::
     runner.train()
 
 The model's own ``train_step(data, optim_wrapper)``, ``val_step(data)`` and
-``test_step(data)`` run when it has them (mmengine's ``BaseModel``). Otherwise the default
+``test_step(data)`` run when it has them (mmengine's ``BaseModel``: an OpenMMLab package's
+model, with its ``data_preprocessor``, found through the config's ``default_scope``; see
+:mod:`shardwise.integrations.openmmlab`). Otherwise the default
 step calls the model with the batch (``model(*batch)`` for a tuple or list,
 ``model(**batch)`` for a dict) and, in training, back-propagates the sum of the returned
 entries whose key contains ``'loss'``.
@@ -41,7 +43,8 @@ import torch.nn as nn
 
 import shardwise
 from shardwise.config import Config
-from shardwise.registry import RUNNERS
+from shardwise.integrations import openmmlab
+from shardwise.registry import RUNNERS, init_default_scope
 from shardwise.strategies import BaseStrategy
 from shardwise.visualization import Visualizer
 
@@ -56,7 +59,7 @@ from .building import (
 )
 from .checkpoints import RunnerCheckpoints
 from .checks import check_components, check_config
-from .data import build_dataloader
+from .data import build_dataloader, draw_like_mmengine
 from .hooks import Hook
 from .hooks.defaults import DEFAULT_HOOKS, merge_default_hooks
 from .hooks.hook_list import HookList
@@ -105,6 +108,11 @@ class Runner(RunnerCheckpoints):
         log_processor: a :class:`~shardwise.runner.LogProcessor` or its options
             (mmengine's ``dict(window_size=10, by_epoch=True, custom_cfg=[...])``), as
             ``runner.log_processor``: how ``LoggerHook`` smooths and formats the values.
+        default_scope: the scope unprefixed ``type`` names resolve in first (an OpenMMLab
+            package's, e.g. ``'mmpretrain'``: its models, datasets, metrics, hooks and
+            visualizers, from mmengine's registry tree); made the current default scope.
+        data_preprocessor: the model's ``data_preprocessor`` config when the model config
+            has none (mmengine's top-level key: normalisation, batching).
     """
 
     def __init__(
@@ -137,7 +145,16 @@ class Runner(RunnerCheckpoints):
         cfg: Config | Mapping[str, Any] | None = None,
         visualizer: Visualizer | Mapping[str, Any] | None = None,
         log_processor: LogProcessor | Mapping[str, Any] | None = None,
+        default_scope: str | None = None,
+        data_preprocessor: Mapping[str, Any] | nn.Module | None = None,
     ) -> None:
+        if default_scope is not None:
+            init_default_scope(default_scope)
+        if isinstance(model, Mapping) and data_preprocessor is not None:
+            model = {
+                **model,
+                "data_preprocessor": model.get("data_preprocessor", data_preprocessor),
+            }
         check_components(
             model=model,
             train_dataloader=train_dataloader,
@@ -207,7 +224,10 @@ class Runner(RunnerCheckpoints):
         if self.rank == 0 and len(self.cfg):
             dump_config(self.cfg, self.work_dir, self.timestamp)
         if len(self.cfg):
-            self.visualizer.add_config(self.cfg)
+            config = self.cfg
+            if openmmlab.from_mmengine(self.visualizer):  # a package's: records mmengine's
+                config = openmmlab.mmengine_config(self.cfg)
+            self.visualizer.add_config(config)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -361,6 +381,7 @@ class Runner(RunnerCheckpoints):
             shuffle=shuffle,
             num_replicas=self.strategy.data_parallel_size,
             rank=self.strategy.data_parallel_rank,
+            worker_seed=self.seed,
         )
 
     def _data_seed(self) -> int:
@@ -401,6 +422,7 @@ class Runner(RunnerCheckpoints):
         """For ``val()`` and ``test()``: the model, built and wrapped by the strategy (the
         trained one after ``train()``); its ``init_weights()`` runs unless the config sets
         ``init_weights_for_test_or_val=False``."""
+        self._mmengine_logs_to_log_file()
         init_weights = self.cfg.get("init_weights_for_test_or_val", True)
         dispatch = dict(init_weights_for_test_or_val=init_weights)
         prepared = self.strategy.prepare(
@@ -418,6 +440,7 @@ class Runner(RunnerCheckpoints):
             )
         loop = self.train_loop  # built here unless a hook or the user has asked for it before
         self._build_val()
+        self._mmengine_logs_to_log_file()
         dispatch = dict(
             max_iters=loop.max_iters,
             max_epochs=loop.max_epochs,
@@ -426,7 +449,7 @@ class Runner(RunnerCheckpoints):
         if getattr(self.train_dataloader, "batch_size", None) is not None:
             dispatch["train_micro_batch_size_per_gpu"] = self.train_dataloader.batch_size
         prepared = self.strategy.prepare(
-            self._model_cfg,
+            self._built_model_before_init(loop),
             optim_wrapper=self._optim_wrapper_cfg,
             param_scheduler=self._param_scheduler_cfg,
             compile=self._compile,
@@ -442,6 +465,25 @@ class Runner(RunnerCheckpoints):
         self.param_schedulers = prepared[2] if len(prepared) > 2 else None
         self._run(self._run_train_loop)
         return self.model
+
+    def _mmengine_logs_to_log_file(self) -> None:
+        """An OpenMMLab package's log lines (its model's ``init_weights`` report) go to the
+        log file, as under mmengine's Runner (:func:`.integrations.openmmlab.log_to`)."""
+        log_file = os.path.join(self.log_dir, f"{self.timestamp}.log")
+        openmmlab.log_to(log_file, self.logger.getEffectiveLevel())
+
+    def _built_model_before_init(self, loop: Any) -> nn.Module | Mapping[str, Any]:
+        """The model config, or, over a dataset of mmengine's with an iteration-based loop,
+        the model built with the draw that comes before its ``init_weights`` under mmengine's
+        Runner: its ``IterBasedTrainLoop`` opens the data iterator between the two
+        (:func:`~shardwise.runner.data.draw_like_mmengine`), so a seeded run starts from the
+        same weights as mmengine's."""
+        model = self._model_cfg
+        if isinstance(loop, IterBasedTrainLoop) and isinstance(model, Mapping):
+            if openmmlab.from_mmengine(getattr(self.train_dataloader, "dataset", None)):
+                model = self.strategy.build_model(model)
+                draw_like_mmengine(self.train_dataloader)
+        return model
 
     def _run_train_loop(self) -> None:
         self._initialize_accumulation()

@@ -38,7 +38,7 @@ class HookList:
             cfg = dict(hook)
             priority = cfg.pop("priority", None) if priority is None else priority
             hook = HOOKS.build(cfg)
-        elif not isinstance(hook, Hook):
+        elif not (isinstance(hook, Hook) or _is_hook(hook)):
             raise TypeError(
                 f"a hook must be a Hook or a config dict with 'type', got {type(hook).__name__}"
             )
@@ -73,3 +73,9 @@ class HookList:
                     close()
                 except Exception:  # noqa: BLE001 - the original error matters more
                     logger.exception("closing %r failed", hook)
+
+
+def _is_hook(obj: Any) -> bool:
+    """A hook of another class tree (mmengine's ``Hook``: an OpenMMLab package's hooks): it
+    has a ``priority`` and the stage methods, which the runner calls as mmengine's does."""
+    return hasattr(obj, "priority") and all(callable(getattr(obj, n, None)) for n in Hook.stages)
