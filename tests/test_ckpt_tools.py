@@ -18,6 +18,7 @@ import torch
 
 from shardwise.checkpoint import CheckpointError
 from shardwise.checkpoint.convert import convert_checkpoint
+from shardwise.checkpoint.formats import open_checkpoint
 from shardwise.checkpoint.inspect import format_inspection, inspect_checkpoint
 from shardwise.checkpoint.manifest import (
     manifest_path,
@@ -339,6 +340,29 @@ def test_convert_a_two_rank_sharded_checkpoint_to_full(fsdp_ckpts, tmp_path):
     converted = torch.load(dst, weights_only=True)
     assert _tensors_equal(converted["state_dict"], weights)
     assert converted["meta"]["world_size"] == 2 and len(converted["meta"]["rng_states"]) == 2
+
+
+@pytest.mark.parametrize("to", ["full", "safetensors"])
+def test_converting_a_sharded_checkpoint_reads_its_index_once(
+    to, fsdp_ckpts, tmp_path, monkeypatch
+):
+    """Its metadata fragments were read again for every tensor: 14 s for a 62 MB checkpoint."""
+    from shardwise.checkpoint import planning
+
+    reads, read_fragments = [], planning.read_fragments
+    monkeypatch.setattr(
+        planning, "read_fragments", lambda *a: reads.append(a) or read_fragments(*a)
+    )
+    convert_checkpoint(fsdp_ckpts[0] / "sharded.ckpt", tmp_path / f"out.{to}", to=to)
+    assert len(reads) == 1
+
+
+def test_reading_a_sharded_checkpoint_whole_reports_each_tensor_once(fsdp_ckpts):
+    opened = open_checkpoint(fsdp_ckpts[0] / "sharded.ckpt")
+    reported = []
+    loaded = opened.load(on_tensor=reported.append)
+    assert sorted(info.key for info in reported) == sorted(info.key for info in opened.tensors())
+    assert _tensors_equal(loaded["state_dict"], fsdp_ckpts[1])
 
 
 @pytest.mark.parametrize("source", ["full", "sharded"])

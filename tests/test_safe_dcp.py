@@ -72,3 +72,36 @@ def test_only_a_contiguous_slice_is_read_by_its_byte_range(shape, offsets, lengt
 
     stored = torch.empty(shape, device="meta")
     assert _contiguous_run(stored, offsets, lengths) == run
+
+
+def _zip_parses(monkeypatch) -> list[int]:
+    """Count the zip directories parsed (every ``torch._C.PyTorchFileReader`` made)."""
+    real, parses = torch._C.PyTorchFileReader, []
+
+    def counted(*args):
+        parses.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(torch._C, "PyTorchFileReader", counted)
+    return parses
+
+
+def test_records_written_from_one_template_are_read_without_parsing_each(tmp_path, monkeypatch):
+    from shardwise.checkpoint.sharded import load_sharded_checkpoint, save_sharded_checkpoint
+
+    weights = {f"w{i}": torch.randn(8, 4) for i in range(20)}  # one kind: one frame
+    save_sharded_checkpoint({"state_dict": weights}, tmp_path / "ckpt")
+    parses = _zip_parses(monkeypatch)
+    loaded = load_sharded_checkpoint(tmp_path / "ckpt")["state_dict"]
+    assert all(torch.equal(loaded[k], v) for k, v in weights.items())
+    assert len(parses) <= 4  # meta.pt, the byte order, the first record and its torch.load
+
+
+def test_records_whose_frames_differ_are_each_read_right(tmp_path):
+    """DCP's own writer keeps torch's CRC-32 in each record's headers: no two records of one
+    kind share their frame, and each is parsed."""
+    weights = {f"w{i}": torch.randn(8, 4) for i in range(20)}
+    _save(tmp_path / "ckpt", weights)
+    loaded = {k: torch.zeros(8, 4) for k in weights}
+    dcp.load(loaded, storage_reader=SafeFileSystemReader(tmp_path / "ckpt"), no_dist=True)
+    assert all(torch.equal(loaded[k], v) for k, v in weights.items())

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as torch_dist
 
 from ..dtypes import parse_dtype
+from ..env import gc_paused
 from ..tree import map_with_path
 from .commit import CheckpointCommit, check_replaceable
 from .files import CheckpointError
@@ -147,12 +148,14 @@ def _load_state(
     return state
 
 
-def _write(state: dict[str, Any], staging: Path, target: CheckpointFormat) -> None:
+def _write(state: dict[str, Any], staging: Path, target: CheckpointFormat) -> list[Any]:
+    """The files written, each with the checksum taken while writing it."""
     with warnings.catch_warnings():  # one process without a process group: intended
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        target.write(state, staging, rank=0)
+        return target.write(state, staging, rank=0)
 
 
+@gc_paused()  # a conversion makes enough objects to set off full collections: 0.2 s each
 def convert_checkpoint(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -222,11 +225,14 @@ def convert_checkpoint(
     def on_tensor(info: TensorInfo) -> None:
         bar.update(info.nbytes)
 
+    commit = CheckpointCommit(dst, is_dir=target.is_dir)
     try:
-        with bar, CheckpointCommit(dst, is_dir=target.is_dir) as staging:
+        with bar, commit as staging:
             if target is SAFETENSORS:
-                export_safetensors(
-                    reader, staging, dtype=cast_to, metadata=metadata, on_tensor=on_tensor
+                commit.record(
+                    export_safetensors(
+                        reader, staging, dtype=cast_to, metadata=metadata, on_tensor=on_tensor
+                    )
                 )
             else:
                 state = _load_state(reader, tree, dtype=cast_to, on_tensor=on_tensor)
@@ -237,7 +243,7 @@ def convert_checkpoint(
                     model_only=model_only,
                 )
                 state["meta"]["format"] = target.name
-                _write(state, staging, target)
+                commit.record(*_write(state, staging, target))  # hashed: not read again
                 del state
     except CheckpointError as exc:
         if isinstance(exc.__context__, Exception):  # the staging files are gone: say why

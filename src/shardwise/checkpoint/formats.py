@@ -35,9 +35,10 @@ import os
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from ..tree import map_tensors, map_with_path
 from .dcp_index import dcp_files
@@ -349,17 +350,16 @@ class _Sharded(CheckpointFormat):
         index = index_files(path) if is_fragmented(path) else {DCP_METADATA}
         files = sorted(index | {META_FILE} | dcp_files(metadata))
         skeleton = map_with_path(describe, skeleton, is_leaf=is_ref)
-        return OpenCheckpoint(path, self, skeleton, files, keys)
+        return OpenCheckpoint(path, self, skeleton, files, _DcpIndex(keys, metadata))
 
     def read_tensor(self, opened, info, out):
         return self._load(opened, [info], {} if out is None else {info.key: out})[info.key]
 
     def load_tensors(self, opened, tree, on_tensor):
-        if on_tensor is not None:  # tensor by tensor, so that progress can be shown
-            return opened.load_each(tree, on_tensor)
+        """Every tensor of ``tree`` in one DCP load (``on_tensor`` told as each is read)."""
         infos: list[TensorInfo] = []
         map_infos(infos.append, tree)
-        loaded = self._load(opened, infos)
+        loaded = self._load(opened, infos, on_tensor=on_tensor)
         return map_infos(lambda info: loaded[info.key], tree)
 
     @staticmethod
@@ -367,11 +367,14 @@ class _Sharded(CheckpointFormat):
         opened: OpenCheckpoint,
         infos: list[TensorInfo],
         out: Mapping[str, torch.Tensor] | None = None,
+        on_tensor: Callable[[TensorInfo], None] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The tensors ``infos`` in one DCP load (into ``out``'s tensors where given)."""
-        keys, out = opened.index, out or {}
+        """The tensors ``infos`` in one DCP load (into ``out``'s tensors where given), over
+        the index :meth:`open` read (not read again per load)."""
+        index: _DcpIndex = opened.index
+        out = out or {}
         targets = {
-            keys[info.key]: out[info.key]
+            index.keys[info.key]: out[info.key]
             if info.key in out
             else torch.empty(info.shape, dtype=info.dtype)
             for info in infos
@@ -379,14 +382,60 @@ class _Sharded(CheckpointFormat):
         if targets:
             import torch.distributed.checkpoint as dcp
 
+            by_key = {index.keys[info.key]: info for info in infos}
             with warnings.catch_warnings():  # one process without a process group: intended
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                reader = SafeFileSystemReader(opened.path)
-                dcp.load(targets, storage_reader=reader, no_dist=True)
-        return {info.key: targets[keys[info.key]] for info in infos}
+                reader = SafeFileSystemReader(opened.path, metadata=index.metadata)
+                planner = _ReportingPlanner(by_key, on_tensor)
+                dcp.load(targets, storage_reader=reader, planner=planner, no_dist=True)
+            planner.report_the_rest()
+        return {info.key: targets[index.keys[info.key]] for info in infos}
 
     def layout(self, files, ranks):
         return f"DCP directory, {files} files"
+
+
+class _DcpIndex(NamedTuple):
+    """What :meth:`_Sharded.open` keeps to read a sharded checkpoint's tensors: the DCP key of
+    each :attr:`TensorInfo.key`, and DCP's index (read once, for every load)."""
+
+    keys: dict[str, str]
+    metadata: Any
+
+
+class _ReportingPlanner(DefaultLoadPlanner):
+    """DCP's load planner, telling ``on_tensor(info)`` as each tensor's last chunk is read
+    (a progress bar over one DCP load of many tensors)."""
+
+    def __init__(
+        self, infos: Mapping[str, TensorInfo], on_tensor: Callable[[TensorInfo], None] | None
+    ) -> None:
+        super().__init__()
+        self._infos, self._on_tensor = infos, on_tensor
+        self._left: dict[str, int] = {}  # chunks still to read, per DCP key
+
+    def create_local_plan(self) -> Any:
+        plan = super().create_local_plan()
+        self._left = dict.fromkeys(self._infos, 0)
+        for item in plan.items:
+            self._left[item.dest_index.fqn] += 1
+        return plan
+
+    def commit_tensor(self, read_item: Any, tensor: torch.Tensor) -> None:
+        super().commit_tensor(read_item, tensor)
+        key = read_item.dest_index.fqn
+        self._left[key] -= 1
+        if self._left[key] == 0:
+            self._left[key] = -1  # told
+            if self._on_tensor is not None:
+                self._on_tensor(self._infos[key])
+
+    def report_the_rest(self) -> None:
+        """Tell ``on_tensor`` of the tensors the plan read no chunk of (no elements)."""
+        for key, left in self._left.items():
+            if left == 0 and self._on_tensor is not None:
+                self._on_tensor(self._infos[key])
+            self._left[key] = -1  # told
 
 
 class _Local(CheckpointFormat):

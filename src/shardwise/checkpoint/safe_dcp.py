@@ -47,6 +47,8 @@ __all__ = ["SafeFileSystemReader", "read_dcp_metadata"]
 #: margin :meth:`SafeFileSystemReader._prefetch` adds around the range it asks for.
 _TRAILER = 860
 _SLACK = 4096
+#: Record frames :meth:`SafeFileSystemReader._layout` keeps per record length.
+_FRAMES_PER_LENGTH = 4
 
 
 class SafeFileSystemReader(FileSystemReader):
@@ -192,8 +194,9 @@ class SafeFileSystemReader(FileSystemReader):
         alone when the record is little-endian and the part is one contiguous run (straight
         into ``target``'s memory when it is a contiguous CPU tensor of the stored dtype), else
         the whole record, narrowed."""
-        record = self._slice_file(stream, self.storage_data[item.storage_index])
-        stored, offset = self._layout(record)
+        info = self.storage_data[item.storage_index]
+        record = self._slice_file(stream, info)
+        stored, offset = self._layout(record, info.length)
         run = _contiguous_run(stored, item.storage_offsets, item.lengths)
         if offset is None or run is None or not little_endian:
             record.seek(0)
@@ -216,15 +219,31 @@ class SafeFileSystemReader(FileSystemReader):
         if not direct:
             target.copy_(data.view(item.lengths))
 
-    def _layout(self, record: Any) -> tuple[torch.Tensor, int | None]:
-        """The stored tensor of a ``torch.save`` record (on the meta device: shape, stride,
-        dtype, storage offset) and where its storage's bytes start in the record.
+    def _layout(self, record: Any, length: int) -> tuple[torch.Tensor, int | None]:
+        """The stored tensor of a ``torch.save`` record of ``length`` bytes (on the meta
+        device: shape, stride, dtype, storage offset) and where its storage's bytes start in
+        the record.
 
         ``torch.load`` (``weights_only``) of every record costs ~0.1 ms of Python each, most
         of a resume's time beside the reads at ~1,000 records per rank; records whose pickle
         (``data.pkl``) is byte for byte one already loaded describe the same tensor, so only
         the storage offset is looked up for them (``torch.load`` takes it from the same zip
-        directory). The first record of each kind goes through ``torch.load``."""
+        directory). The first record of each kind goes through ``torch.load``.
+
+        Parsing the zip directory is then most of the rest (~14 small reads a record). A
+        record whose bytes before and after its tensor's data (its *frame*: pickle, zip
+        headers, directory) are those of a record parsed already holds the same tensor at the
+        same offset, the zip reader reading nothing else; records written from one template
+        (:mod:`.records`) share their frame, so two small reads and two comparisons replace
+        the parse. Where the frames of one kind differ (torch's CRC-32s, in a header, differ
+        with the data), records of that length are parsed."""
+        frames = self.__dict__.setdefault("_frames", {})
+        for head, tail, stored, offset in frames.get(length) or ():
+            record.seek(0)
+            if record.read(len(head)) == head:
+                record.seek(length - len(tail))
+                if record.read(len(tail)) == tail:
+                    return stored, offset
         cache = self.__dict__.setdefault("_layouts", {})
         record.seek(0)
         try:
@@ -235,6 +254,8 @@ class SafeFileSystemReader(FileSystemReader):
         known = cache.get(pickled) if pickled is not None else None
         if known is not None:
             stored, name = known
+            if frames.get(length):  # a kind seen, its frame not: frames differ at this length
+                frames[length] = None
             return stored, archive.get_record_offset(name)
         record.seek(0)
         stored = torch.load(record, map_location="meta", weights_only=True)
@@ -244,7 +265,21 @@ class SafeFileSystemReader(FileSystemReader):
         names = [n for n in archive.get_all_records() if n.startswith("data/")]
         if len(names) == 1 and archive.get_record_offset(names[0]) == offset:
             cache[pickled] = (stored, names[0])
+            self._remember_frame(record, length, stored, offset)
         return stored, offset
+
+    def _remember_frame(self, record: Any, length: int, stored: torch.Tensor, offset: int) -> None:
+        """Keep the frame of a parsed record (see :meth:`_layout`): a few kinds per length."""
+        kinds = self._frames.setdefault(length, [])
+        end = offset + stored.untyped_storage().nbytes()
+        if kinds is None or len(kinds) >= _FRAMES_PER_LENGTH or not offset <= end <= length:
+            return
+        record.seek(0)
+        head = record.read(offset)
+        record.seek(end)
+        tail = record.read(length - end)
+        if len(head) == offset and len(tail) == length - end:
+            kinds.append((head, tail, stored, offset))
 
 
 def _merged(ranges: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:

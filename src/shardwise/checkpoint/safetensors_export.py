@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from .files import CheckpointError
+from .full import HashingWriter, WrittenFile
 from .opened import MODEL, OpenCheckpoint, TensorInfo
 from .safetensors_file import SAFETENSORS_DTYPES
 
@@ -80,10 +81,11 @@ def export_safetensors(
     dtype: torch.dtype | None = None,
     metadata: Mapping[str, str] | None = None,
     on_tensor: Callable[[TensorInfo], None] | None = None,
-) -> None:
+) -> WrittenFile:
     """Write the model weights (``state_dict``) of ``reader`` to the safetensors file
     ``path``, reading one tensor at a time; floating-point tensors are cast to ``dtype``
-    when it is given. ``on_tensor(info)`` is called after each tensor is written."""
+    when it is given. ``on_tensor(info)`` is called after each tensor is written. Returns
+    the file with the checksum of its bytes, taken while writing them."""
     infos = reader.tensors(MODEL)
     if not infos:
         raise CheckpointError(
@@ -100,7 +102,8 @@ def export_safetensors(
         if (out := _output_dtype(info, dtype)) != info.dtype
     ]
     cast_buffer = torch.empty(max(cast_nbytes, default=0), dtype=torch.uint8)
-    with open(Path(path), "wb") as f:
+    with open(Path(path), "wb") as file:
+        f = HashingWriter(file)
         f.write(header)
         for info in order:
             tensor = reader.read(info, out=_view(read_buffer, info.shape, info.dtype))
@@ -112,7 +115,8 @@ def export_safetensors(
             if on_tensor is not None:
                 on_tensor(info)
         f.flush()
-        os.fsync(f.fileno())
+        os.fsync(file.fileno())
+    return WrittenFile(Path(path), f.hexdigest())
 
 
 def _view(buffer: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
