@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -600,6 +601,79 @@ def test_verify_manifest_reports_a_changed_size(tmp_path, full_ckpt):
         f.write(b"\0")
     (problem,) = verify_manifest(full_ckpt)
     assert problem.file == "epoch_1.pth" and "the manifest recorded" in problem.reason
+
+
+# ----------------------------------------------------------------------------- console
+BAR_TEXT = re.compile(r"\d+%\||[kMG]?B/s|\?B/s|it/s")
+
+
+def _cli(*argv: Any, **streams: Any) -> subprocess.CompletedProcess:
+    """The real ``shardwise ckpt`` command in a fresh process."""
+    return subprocess.run(
+        [sys.executable, "-m", "shardwise.cli", "ckpt", *map(str, argv)],
+        cwd=REPO,
+        timeout=120,
+        **streams,
+    )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "convert full",
+        "convert safetensors",
+        "verify",
+        "verify --write-manifest",
+        "inspect",
+        "index",
+    ],
+)
+def test_no_command_prints_a_bar_into_a_pipe(command, sharded_copy, tmp_path):
+    """A bar redraws itself with carriage returns: in a pipe or a log file every redraw
+    stays, hundreds of them on one line."""
+    name, *rest = command.split()
+    argv = {
+        "convert": [sharded_copy, tmp_path / "out", "--to", *rest],
+        "verify": [sharded_copy, *rest],
+        "inspect": [sharded_copy],
+        "index": [sharded_copy],
+    }[name]
+    proc = _cli(name, *argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "\r" not in out + err
+    assert not BAR_TEXT.search(out + err), out + err
+
+
+def test_verify_draws_its_bar_when_stderr_is_a_terminal(full_ckpt):
+    pty = pytest.importorskip("pty")
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # rows, columns
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardwise.cli", "ckpt", "verify", str(full_ckpt)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+    )
+    os.close(slave)
+    chunks = []
+    while True:  # read while it runs: what is left when the child closes it is lost
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    out, _ = proc.communicate(timeout=120)
+    terminal = b"".join(chunks).decode(errors="replace")
+    assert proc.returncode == 0 and out.decode().startswith("OK ")
+    assert "\r" in terminal and "verify epoch_1.pth" in terminal  # drawn, then cleared
 
 
 # ----------------------------------------------------------------------------- bad input

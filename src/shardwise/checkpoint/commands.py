@@ -91,7 +91,9 @@ def add_ckpt_parser(sub: argparse._SubParsersAction) -> None:
         help="keep the model weights and meta; drop the optimizer, schedulers and extras",
     )
     convert.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
-    convert.add_argument("--no-progress", action="store_true", help="no progress bar")
+    convert.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (drawn only on a terminal)"
+    )
     convert.set_defaults(func=_convert)
 
     verify = commands.add_parser(
@@ -109,7 +111,9 @@ def add_ckpt_parser(sub: argparse._SubParsersAction) -> None:
         help="after the checks pass, record the checksums of a checkpoint that has no "
         "manifest (or replace its manifest), so that later verifies compare against them",
     )
-    verify.add_argument("--no-progress", action="store_true", help="no progress bar")
+    verify.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (drawn only on a terminal)"
+    )
     verify.set_defaults(func=_verify)
 
     index = commands.add_parser(
@@ -212,22 +216,12 @@ def _verify(args: argparse.Namespace) -> int:
 def _verify_at(path: Path, shown: Any, args: argparse.Namespace) -> int:
     """``ckpt verify`` of the checkpoint at ``path`` (a local copy of ``shown``, a URL, or
     ``shown`` itself): problems are reported under ``shown``'s name."""
-    from tqdm.auto import tqdm
-
     from .manifest import write_manifest
+    from .progress import progress_bar
     from .verify import verify_checkpoint
 
     total = sum(p.stat().st_size for p in _files(path)) if path.exists() else 0
-    bar = tqdm(
-        total=total,
-        desc=f"verify {path.name}",
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        file=sys.stderr,
-        disable=args.no_progress,
-        leave=False,
-    )
+    bar = progress_bar(total, f"verify {path.name}", enabled=not args.no_progress)
     try:
         with bar:
             report = verify_checkpoint(path, on_bytes=bar.update)

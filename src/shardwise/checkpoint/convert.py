@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from .files import CheckpointError
 from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat, open_checkpoint
 from .manifest import check_checksums
 from .opened import MODEL, OpenCheckpoint, TensorInfo
+from .progress import progress_bar
 from .safetensors_export import export_safetensors, safetensors_header
 
 __all__ = ["CAST_DTYPES", "TARGETS", "convert_checkpoint"]
@@ -75,21 +75,6 @@ def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
             f"destination {str(dst)!r} is inside the source checkpoint {str(src)!r}; write the "
             "conversion beside it instead"
         )
-
-
-def _progress(total: int, desc: str, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total,
-        desc=desc,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        file=sys.stderr,
-        disable=not enabled,
-        leave=False,
-    )
 
 
 def _converted_meta(reader: OpenCheckpoint, meta: Any, **record: Any) -> dict[str, Any]:
@@ -176,7 +161,7 @@ def convert_checkpoint(
             (a safetensors file always holds the weights only).
         overwrite: replace ``dst`` if it is a checkpoint (atomically: the old one stays until
             the new one is complete); anything else there is never replaced.
-        progress: show a progress bar on stderr.
+        progress: show a progress bar on stderr (drawn only when stderr is a terminal).
         verify_checksums: first compare ``src`` with the checksums recorded when it was saved
             (a damaged checkpoint must not come out converted, with a fresh manifest).
 
@@ -220,7 +205,7 @@ def convert_checkpoint(
     if model_only or target is SAFETENSORS:
         tree = {k: v for k, v in tree.items() if k in _KEPT_BY_MODEL_ONLY}
     start = time.perf_counter()
-    bar = _progress(_nbytes(tree), f"{to} {dst.name}", progress)
+    bar = progress_bar(_nbytes(tree), f"{to} {dst.name}", enabled=progress)
 
     def on_tensor(info: TensorInfo) -> None:
         bar.update(info.nbytes)
