@@ -677,7 +677,7 @@ def test_verify_draws_its_bar_when_stderr_is_a_terminal(full_ckpt):
 
 
 # ----------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("command", ["inspect", "verify", "convert"])
+@pytest.mark.parametrize("command", ["inspect", "verify", "convert", "index"])
 def test_a_path_that_does_not_exist_is_named_with_exit_status_2(command, tmp_path, capsys):
     missing = tmp_path / "nope.pth"
     extra = [tmp_path / "out", "--to", "full"] if command == "convert" else []

@@ -347,9 +347,32 @@ def test_a_directory_that_is_no_checkpoint_is_named_with_what_it_holds(tmp_path)
 
 
 def test_loading_before_prepare_says_to_prepare_first(tmp_path):
+    (tmp_path / "any.pth").write_bytes(b"")  # there: the missing prepare() is what to fix
     strategy = FSDPStrategy(work_dir=str(tmp_path))
     with pytest.raises(RuntimeError, match="call prepare\\(\\) first"):
         strategy.load_checkpoint(tmp_path / "any.pth")
+
+
+def _resume_from_nowhere(work_dir: str) -> dict[str, str]:
+    """Every rank's complaint about a checkpoint that is not there, unprepared and prepared."""
+    said = {}
+    for when in ("unprepared", "prepared"):
+        if when == "unprepared":
+            strategy = FSDPStrategy(work_dir=work_dir)
+        else:
+            strategy = _prepare(work_dir, "sharded")[0]
+        try:
+            strategy.resume("nowhere.pth")
+        except FileNotFoundError as exc:
+            said[when] = str(exc)
+    return said
+
+
+def test_a_missing_checkpoint_is_named_on_every_rank_before_anything_else(tmp_path):
+    for said in run_distributed(_resume_from_nowhere, 2, str(tmp_path), timeout=120):
+        for message in (said["unprepared"], said["prepared"]):
+            assert "checkpoint 'nowhere.pth' does not exist" in message
+            assert str(tmp_path / "nowhere.pth") in message  # where else it was looked for
 
 
 def _stateless_optimizer_resumes(work_dir):

@@ -83,3 +83,37 @@ def test_runner_loads_weights_only_when_it_does_not_train(saved):
     runner.load_checkpoint = lambda path, **_: calls.append(str(path)) or {}
     runner.load_or_resume()
     assert calls == [str(saved / "new.pth")]  # what a resume would pick, weights only
+
+
+# ----------------------------------------------------------------------------- a missing path
+@pytest.mark.parametrize("call", ["load_checkpoint", "resume"])
+@pytest.mark.parametrize("prepared", [False, True], ids=["unprepared", "prepared"])
+def test_a_missing_checkpoint_is_named_before_anything_else(call, prepared, tmp_path):
+    """Not 'call prepare() first': the path is what to fix first."""
+    strategy = (
+        _strategy(tmp_path)
+        if prepared
+        else SingleDeviceStrategy(work_dir=str(tmp_path), log_kwargs=dict(log_level="ERROR"))
+    )
+    with pytest.raises(FileNotFoundError) as info:
+        getattr(strategy, call)("missing.pth")
+    message = str(info.value)
+    assert "checkpoint 'missing.pth' does not exist" in message
+    assert str(tmp_path / "missing.pth") in message  # looked for in work_dir too
+    assert "give the path of a checkpoint file or directory" in message
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        (dict(resume="missing.pth"), "resume checkpoint 'missing.pth'"),
+        (dict(resume="missing.pth", load_from="old.pth"), "resume checkpoint 'missing.pth'"),
+        (dict(load_from="missing.pth"), "load_from checkpoint 'missing.pth'"),
+        (dict(resume=True, load_from="missing.pth"), "load_from checkpoint 'missing.pth'"),
+    ],
+    ids=["resume", "resume-over-load-from", "load-from", "resume-true-with-load-from"],
+)
+def test_load_or_resume_names_a_missing_path_and_the_argument_that_gave_it(saved, kwargs, named):
+    unprepared = SingleDeviceStrategy(work_dir=str(saved), log_kwargs=dict(log_level="ERROR"))
+    with pytest.raises(FileNotFoundError, match=f"^{named} does not exist"):
+        unprepared.load_or_resume(**kwargs)

@@ -265,9 +265,10 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _index_at(path: Path) -> int:
-    from .files import CheckpointError
+    from .files import CheckpointError, require_checkpoint
     from .planning import is_fragmented, write_merged_metadata
 
+    require_checkpoint(path)
     if not path.is_dir():
         return _error("index", f"{path} is not a sharded checkpoint directory", _BAD_INPUT)
     if not is_fragmented(path):

@@ -36,7 +36,7 @@ from ..dtypes import parse_dtype
 from ..env import gc_paused
 from ..tree import map_with_path
 from .commit import CheckpointCommit, check_replaceable
-from .files import CheckpointError
+from .files import CheckpointError, require_checkpoint
 from .formats import FULL, LOCAL, SAFETENSORS, SHARDED, CheckpointFormat, open_checkpoint
 from .manifest import check_checksums
 from .opened import MODEL, OpenCheckpoint, TensorInfo
@@ -187,11 +187,7 @@ def convert_checkpoint(
         )
     cast_to = parse_dtype(dtype, "dtype", names=CAST_DTYPES)
     src, dst = Path(src), Path(dst)
-    if not src.exists():
-        raise FileNotFoundError(
-            f"checkpoint {str(src)!r} does not exist; give the path of a checkpoint file or "
-            "directory"
-        )
+    require_checkpoint(src)
     _check_destination(src, dst, overwrite)
     if verify_checksums:
         check_checksums(src)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "LAST_CHECKPOINT",
@@ -27,6 +28,7 @@ __all__ = [
     "fsync_dir",
     "remove_path",
     "replaced_path",
+    "require_checkpoint",
     "sidecar_path",
     "staging_path",
     "write_synced",
@@ -49,6 +51,26 @@ def describe_error(exc: BaseException) -> str:
     others about its failure; the full traceback stays with the rank that failed)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def require_checkpoint(path: Any, what: str = "checkpoint", *, also: Any = None) -> None:
+    """Raise FileNotFoundError naming ``path`` when nothing is there: the first thing to say
+    about a checkpoint that is not there, before any other complaint (a strategy not prepared
+    yet, a launch's collectives). A local check, so every rank sees it alike. ``what`` says
+    which argument named it (``'load_from'``, ``'resume'``); ``also``: where else a relative
+    ``path`` was looked for (inside the work_dir). Only a local path (a :class:`Path`) is
+    checked: a checkpoint on object storage is the reader's to find.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    if not isinstance(path, Path) or path.exists():
+        return
+    nor = f" (nor does {str(also)!r})" if also is not None and str(also) != str(path) else ""
+    raise FileNotFoundError(
+        f"{what} {str(path)!r} does not exist{nor}; give the path of a checkpoint file or "
+        "directory (work_dir/last_checkpoint names the latest one)"
+    )
 
 
 def staging_path(final: str | os.PathLike[str]) -> Path:

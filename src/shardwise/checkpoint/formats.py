@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from ..tree import map_tensors, map_with_path
 from .dcp_index import dcp_files
-from .files import CheckpointError
+from .files import CheckpointError, require_checkpoint
 from .full import (
     WrittenFile,
     check_torch_file,
@@ -565,11 +565,7 @@ def detect_format(path: str | os.PathLike[str], *, probe: bool = False) -> Check
             directory that only looks like a checkpoint, saying why.
     """
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"checkpoint {str(path)!r} does not exist; give the path of a checkpoint file or "
-            "directory (work_dir/last_checkpoint names the latest one)"
-        )
+    require_checkpoint(path)
     if not path.is_dir():
         fmt = SAFETENSORS if is_safetensors_file(path) else FULL
     elif (path / DCP_METADATA).is_file() or is_fragmented(path):

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .files import CheckpointError, describe_error
+from .files import CheckpointError, describe_error, require_checkpoint
 from .manifest import new_checksum
 from .mmengine_compat import mmengine_safe_globals, mmengine_to_plain
 
@@ -147,11 +147,7 @@ def load_full_checkpoint(
     default).
     """
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"checkpoint {str(path)!r} does not exist; give the path of a checkpoint file or "
-            "directory (work_dir/last_checkpoint names the latest one)"
-        )
+    require_checkpoint(path)
     if path.is_dir():
         raise CheckpointError(
             f"{path} is a directory, not a full checkpoint file; this strategy reads the "
