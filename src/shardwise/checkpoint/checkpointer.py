@@ -43,16 +43,15 @@ from shardwise.env import gc_paused
 
 from .agreement import on_every_rank
 from .async_save import AsyncCheckpointer
-from .commit import CheckpointCommit
-from .files import CheckpointError, require_checkpoint
+from .files import CheckpointError
 from .formats import CheckpointFormat, Placement, detect_format, read_checkpoint
 from .full import is_bare_state_dict
 from .latest import find_last_checkpoint
 from .local import rank_file
 from .manifest import MANIFEST
-from .object_commit import ObjectCommit, RunClaims
+from .object_commit import RunClaims, commit_for
 from .planning import LAYOUT_FILE
-from .remote_read import RemoteCheckpoint
+from .remote_read import RemoteCheckpoint, read_remote
 from .retention import Retention, check_max_keep_ckpts
 from .sharded import DCP_METADATA, META_FILE
 from .states import Stateful
@@ -243,15 +242,9 @@ class Checkpointer:
         its shards (collective); ``map_location='default'``: the layout's device."""
         layout = self._layout("reading a checkpoint")
         path = self.find(filename)
-        if isinstance(path, ObjectURL):
-            with RemoteCheckpoint(path) as remote:
-                remote.fetch(_read_first(remote, layout))
-                return self._read(remote.path, layout, map_location, verify_checksums)
-        return self._read(path, layout, map_location, verify_checksums)
-
-    def _read(
-        self, path: Path, layout: Layout, map_location: Any, verify_checksums: bool | None
-    ) -> dict[str, Any]:
+        if isinstance(path, ObjectURL):  # read a local copy, its bytes fetched where read
+            read = lambda local: self.read(local, map_location, verify_checksums)  # noqa: E731
+            return read_remote(path, read, lambda remote: _read_first(remote, layout))
         device = layout.device if map_location == "default" else map_location
         verify = self.verify_checksums if verify_checksums is None else bool(verify_checksums)
         if layout.placement is None:
@@ -357,7 +350,7 @@ class Checkpointer:
             state.setdefault("meta", {})["kept_checkpoints"] = kept
         if in_background:
             return self._save_in_background(state, path, fmt, start, retire)
-        commit = self._commit(path, fmt, retire)
+        commit = commit_for(path, self.work_dir, self.claims, fmt.is_dir, retire)
         try:
             with commit as staging:
                 commit.record(*self._write(fmt, state, staging))
@@ -369,25 +362,6 @@ class Checkpointer:
             "Saved checkpoint %s (%s) in %.2f s", path, fmt, time.perf_counter() - start
         )
         return None
-
-    def _commit(
-        self, path: Path | ObjectURL, fmt: CheckpointFormat, retire: list[str], group: Any = None
-    ) -> CheckpointCommit | ObjectCommit:
-        """The commit protocol of a save to ``path``: renames on local disk, the manifest
-        written last on object storage (:mod:`.object_commit`)."""
-        if isinstance(path, ObjectURL):
-            return ObjectCommit(
-                path,
-                work_dir=self.work_dir,
-                group=group,
-                is_dir=fmt.is_dir,
-                retire=retire,
-                claims=self.claims,
-            )
-        work_dir = self.work_dir if isinstance(self.work_dir, Path) else None
-        return CheckpointCommit(
-            path, work_dir=work_dir, group=group, is_dir=fmt.is_dir, retire=retire
-        )
 
     def _write(
         self, fmt: CheckpointFormat, state: dict[str, Any], staging: Path, group: Any = None
@@ -408,7 +382,7 @@ class Checkpointer:
         """Stage ``state`` to host memory, agree that every rank did, and write and commit it
         in the background (see :mod:`.async_save`)."""
         group = self.stager.group()
-        commit = self._commit(path, fmt, retire, group)
+        commit = commit_for(path, self.work_dir, self.claims, fmt.is_dir, retire, group)
         staged, error = None, None
         try:
             staged = fmt.stage(state, self.stager, self._layout("staging").rank)
@@ -484,7 +458,6 @@ class Checkpointer:
         keys; ``callback(checkpoint)`` sees it before it is used; ``verify_checksums`` (None:
         the default given at construction) compares the files with the checksums recorded
         when they were saved while reading them, and refuses a mismatch."""
-        require_checkpoint(self.find(filename), also=self.resolve(filename))  # said first
         self.wait()
         self.logger.info("Loading weights from %s", filename)
         checkpoint = self.read(filename, map_location, verify_checksums)
@@ -518,7 +491,6 @@ class Checkpointer:
         ``resume_optimizer`` / ``resume_param_scheduler`` False leave those states as they
         are; ``map_location``, ``callback``, ``verify_checksums`` as in :meth:`load`. Returns
         the checkpoint's entries no state took (``meta`` always)."""
-        require_checkpoint(self.find(filename), also=self.resolve(filename))  # said first
         self.wait()
         self._layout("resume()")
         skip = [OPTIMIZER] * (not resume_optimizer) + [SCHEDULERS] * (not resume_param_scheduler)
@@ -539,8 +511,7 @@ class Checkpointer:
             entry.state.load_state_dict(meta if entry.meta else checkpoint.pop(key))
         found = self.find(filename)
         self.retention.restore(meta.get("kept_checkpoints"), found)
-        if isinstance(found, ObjectURL):
-            self.claims.resumed_from(found)
+        self.claims.resumed_from(found)
         self.logger.info("Resumed from %s", filename)
         return checkpoint
 
@@ -595,10 +566,6 @@ class Checkpointer:
         resume_from, weights_from = where_to_start(
             self.work_dir, load_from=load_from, resume=resume
         )
-        given = "resume" if isinstance(resume, str | os.PathLike) else "load_from"
-        if resume_from or weights_from:  # named before the runner's hooks run, on every rank
-            path = resume_from or weights_from
-            require_checkpoint(self.find(path), f"{given} checkpoint", also=self.resolve(path))
         if resume_from is not None and not weights_only:
             self.logger.info("Resuming from %s", resume_from)
             return (resume_with or self.resume)(resume_from)

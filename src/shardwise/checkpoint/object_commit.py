@@ -55,6 +55,7 @@ from typing import Any
 import torch.distributed as dist
 
 from .agreement import gather_outcomes, raise_if_any
+from .commit import CheckpointCommit
 from .files import (
     LAST_CHECKPOINT,
     SIDECAR_SUFFIX,
@@ -82,6 +83,7 @@ from .storage import (
 __all__ = [
     "OWNER",
     "ObjectCommit",
+    "commit_for",
     "RunClaims",
     "commit_time",
     "committed_checkpoints_at",
@@ -191,8 +193,9 @@ class RunClaims:
 
     def resumed_from(self, checkpoint: str | os.PathLike[str]) -> None:
         """This run resumed from ``checkpoint``: it may take over the prefix whose newest
-        checkpoint that is."""
-        self._resumed.add(str(location(checkpoint)))
+        checkpoint that is (a local path: nothing to claim)."""
+        if is_url(checkpoint):
+            self._resumed.add(str(location(checkpoint)))
 
     def _record(self) -> bytes:
         return _dumps(
@@ -474,6 +477,26 @@ class ObjectCommit:
             return False  # KeyboardInterrupt & co.: no collective; the marker tells the next save
         self.finish(exc)
         return False
+
+
+def commit_for(
+    path: Path | ObjectURL,
+    work_dir: Path | ObjectURL | None,
+    claims: RunClaims,
+    is_dir: bool = False,
+    retire: Sequence[str | os.PathLike[str]] = (),
+    group: dist.ProcessGroup | None = None,
+) -> CheckpointCommit | ObjectCommit:
+    """The commit protocol of a save to ``path``: :class:`~.commit.CheckpointCommit` (it
+    renames) on local disk, :class:`ObjectCommit` (the manifest last) at a URL, for the run
+    whose ``claims`` these are. ``last_checkpoint`` goes to ``work_dir`` (a local save's only
+    to a local one)."""
+    if isinstance(path, ObjectURL):
+        return ObjectCommit(
+            path, work_dir=work_dir, group=group, is_dir=is_dir, retire=retire, claims=claims
+        )
+    local = work_dir if isinstance(work_dir, Path) else None
+    return CheckpointCommit(path, work_dir=local, group=group, is_dir=is_dir, retire=retire)
 
 
 def _delete(prefix: ObjectURL, names: Sequence[str]) -> None:

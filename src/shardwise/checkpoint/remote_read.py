@@ -26,13 +26,14 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from .files import SIDECAR_SUFFIX
 from .storage import (
@@ -46,7 +47,10 @@ from .storage import (
     spool_directory,
 )
 
-__all__ = ["RemoteCheckpoint", "local_checkpoint", "mirror_of"]
+__all__ = ["RemoteCheckpoint", "local_checkpoint", "mirror_of", "read_remote"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _OPEN: dict[str, RemoteCheckpoint] = {}
 _OPEN_LOCK = threading.Lock()
@@ -104,6 +108,12 @@ class RemoteCheckpoint:
         if sidecar is not None:
             files[self.url.name + SIDECAR_SUFFIX] = sidecar
         return files
+
+    @property
+    def fetched(self) -> dict[str, int]:
+        """Bytes fetched so far, by object."""
+        with self._lock:
+            return {name: sum(e - s for s, e in spans) for name, spans in self._fetched.items()}
 
     def local(self, name: str) -> Path:
         """Where the object ``name`` is in the local copy."""
@@ -229,6 +239,22 @@ def _missing(spans: Iterable[Range], have: Iterable[Range]) -> list[Range]:
         if cursor < end:
             out.append((cursor, end))
     return out
+
+
+def read_remote(
+    url: str,
+    read: Callable[[Path], T],
+    first: Callable[[RemoteCheckpoint], Iterable[str] | None],
+) -> T:
+    """``read(path)`` of a local copy of the checkpoint at ``url``: what ``first(remote)``
+    names fetched before (None: everything), the rest where the readers read it; the copy is
+    removed afterwards."""
+    with RemoteCheckpoint(url) as remote:
+        remote.fetch(first(remote))
+        result = read(remote.path)
+        fetched, size = sum(remote.fetched.values()), sum(remote.sizes.values())
+        logger.debug("Read %s: fetched %d of its %d bytes", url, fetched, size)
+        return result
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -525,11 +526,32 @@ def read_ranges(requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
 
 
 # ----------------------------------------------------------------------------- local spool
+_SPOOL = re.compile(r"^shardwise-(?:save|read)-(\d+)-")
+
+
 def spool_directory(prefix: str) -> Path:
     """A new private directory on local disk (``SHARDWISE_SPOOL_DIR``, else the system's
     temporary directory) for a rank's files on their way to or from a store; the caller
-    removes it."""
-    root = os.environ.get(SPOOL_ENV) or None
-    if root is not None:
-        Path(root).mkdir(parents=True, exist_ok=True)
+    removes it. Those of processes that died (killed in a save) are removed here."""
+    root = Path(os.environ.get(SPOOL_ENV) or tempfile.gettempdir())
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_dead_spools(root)
     return Path(tempfile.mkdtemp(prefix=f"shardwise-{prefix}-{os.getpid()}-", dir=root))
+
+
+def _remove_dead_spools(root: Path) -> None:
+    """Remove the spool directories in ``root`` whose process is gone."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        match = _SPOOL.match(entry.name)
+        if match is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            pass  # alive, another user's
