@@ -18,7 +18,8 @@ $(VENV)/.installed: pyproject.toml
 
 # Test-only dependencies (pytest, ruff, and the oracles the tests compare with: mmengine 0.10.7,
 # transformers; Ray Train for tests/test_ray.py's local cluster, about 20 s and 500 MB; the
-# trackers the tests read back, wandb and mlflow-skinny; torchft for the fault-tolerance tests):
+# trackers the tests read back, wandb and mlflow-skinny; torchft for the fault-tolerance tests;
+# moto's S3 server and the s3fs client for the object-storage tests):
 # installed by the test commands, never needed to import shardwise or to train.
 $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
 	$(PIP) install --quiet -e '.[test,all]' $(TORCH)
