@@ -358,6 +358,21 @@ def test_converting_a_sharded_checkpoint_reads_its_index_once(
     assert len(reads) == 1
 
 
+def test_exporting_a_sharded_checkpoint_tensor_by_tensor_parses_each_record_kind_once(
+    tmp_path, monkeypatch
+):
+    """Each tensor is read on its own (the export's memory: the largest tensor), by one
+    reader that keeps what it learned of the records' layout from one tensor to the next."""
+    weights = {f"w{i}": torch.randn(8, 4) for i in range(20)}  # one kind of record
+    save_sharded_checkpoint({"state_dict": weights}, tmp_path / "sharded")
+    real, parses = torch._C.PyTorchFileReader, []
+    monkeypatch.setattr(torch._C, "PyTorchFileReader", lambda *a: parses.append(1) or real(*a))
+    convert_checkpoint(tmp_path / "sharded", tmp_path / "out.safetensors", to="safetensors")
+    assert len(parses) <= 4  # meta.pt, the byte order, the first record and its torch.load
+    exported = _load_safetensors(tmp_path / "out.safetensors")
+    assert _tensors_equal(exported, weights)
+
+
 def test_reading_a_sharded_checkpoint_whole_reports_each_tensor_once(fsdp_ckpts):
     opened = open_checkpoint(fsdp_ckpts[0] / "sharded.ckpt")
     reported = []

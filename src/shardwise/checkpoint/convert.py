@@ -101,19 +101,6 @@ def _safetensors_metadata(reader: OpenCheckpoint, dtype: torch.dtype | None) -> 
     return metadata
 
 
-def _nbytes(tree: Any) -> int:
-    total = 0
-
-    def add(_: tuple[str, ...], leaf: Any) -> Any:
-        nonlocal total
-        if isinstance(leaf, TensorInfo):
-            total += leaf.nbytes
-        return leaf
-
-    map_with_path(add, tree)
-    return total
-
-
 def _load_state(
     reader: OpenCheckpoint,
     tree: dict[str, Any],
@@ -201,7 +188,9 @@ def convert_checkpoint(
     if model_only or target is SAFETENSORS:
         tree = {k: v for k, v in tree.items() if k in _KEPT_BY_MODEL_ONLY}
     start = time.perf_counter()
-    bar = progress_bar(_nbytes(tree), f"{to} {dst.name}", enabled=progress)
+    written = (MODEL,) if target is SAFETENSORS else tuple(tree)
+    total = sum(info.nbytes for info in reader.tensors(*written))
+    bar = progress_bar(total, f"{to} {dst.name}", enabled=progress)
 
     def on_tensor(info: TensorInfo) -> None:
         bar.update(info.nbytes)

@@ -350,7 +350,8 @@ class _Sharded(CheckpointFormat):
         index = index_files(path) if is_fragmented(path) else {DCP_METADATA}
         files = sorted(index | {META_FILE} | dcp_files(metadata))
         skeleton = map_with_path(describe, skeleton, is_leaf=is_ref)
-        return OpenCheckpoint(path, self, skeleton, files, _DcpIndex(keys, metadata))
+        reader = SafeFileSystemReader(path, metadata=metadata)
+        return OpenCheckpoint(path, self, skeleton, files, _DcpIndex(keys, metadata, reader))
 
     def read_tensor(self, opened, info, out):
         return self._load(opened, [info], {} if out is None else {info.key: out})[info.key]
@@ -369,8 +370,8 @@ class _Sharded(CheckpointFormat):
         out: Mapping[str, torch.Tensor] | None = None,
         on_tensor: Callable[[TensorInfo], None] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The tensors ``infos`` in one DCP load (into ``out``'s tensors where given), over
-        the index :meth:`open` read (not read again per load)."""
+        """The tensors ``infos`` in one DCP load (into ``out``'s tensors where given), by the
+        reader :meth:`open` made, over the index it read (not read again per load)."""
         index: _DcpIndex = opened.index
         out = out or {}
         targets = {
@@ -385,9 +386,8 @@ class _Sharded(CheckpointFormat):
             by_key = {index.keys[info.key]: info for info in infos}
             with warnings.catch_warnings():  # one process without a process group: intended
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                reader = SafeFileSystemReader(opened.path, metadata=index.metadata)
                 planner = _ReportingPlanner(by_key, on_tensor)
-                dcp.load(targets, storage_reader=reader, planner=planner, no_dist=True)
+                dcp.load(targets, storage_reader=index.reader, planner=planner, no_dist=True)
             planner.report_the_rest()
         return {info.key: targets[index.keys[info.key]] for info in infos}
 
@@ -397,10 +397,13 @@ class _Sharded(CheckpointFormat):
 
 class _DcpIndex(NamedTuple):
     """What :meth:`_Sharded.open` keeps to read a sharded checkpoint's tensors: the DCP key of
-    each :attr:`TensorInfo.key`, and DCP's index (read once, for every load)."""
+    each :attr:`TensorInfo.key`, DCP's index (read once, for every load), and the reader of
+    every load (what it learns of the records' layout is kept from one load to the next:
+    tensor by tensor, each record kind is parsed once)."""
 
     keys: dict[str, str]
     metadata: Any
+    reader: SafeFileSystemReader
 
 
 class _ReportingPlanner(DefaultLoadPlanner):

@@ -125,7 +125,9 @@ class OpenCheckpoint:
         """The stored tensors of ``sections`` (default: model and optimizer), in order."""
         wanted = sections or TENSOR_SECTIONS
         found: list[TensorInfo] = []
-        map_infos(lambda info: info.section in wanted and found.append(info), self.skeleton)
+        for key, section in self.skeleton.items():  # only those walked: meta can be large
+            if str(key) in wanted:
+                map_infos(found.append, {key: section})
         return found
 
     def read(self, info: TensorInfo, out: torch.Tensor | None = None) -> torch.Tensor:

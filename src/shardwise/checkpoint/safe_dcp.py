@@ -119,9 +119,11 @@ class SafeFileSystemReader(FileSystemReader):
             with self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb") as f:
                 self._prefetch(f, items)
                 # one rank wrote the file, in its byte order: the first record tells
-                little = _little_endian(
-                    self._slice_file(f, self.storage_data[items[0].storage_index])
-                )
+                orders = self.__dict__.setdefault("_byte_orders", {})  # (kept over loads)
+                little = orders.get(relative_path)
+                if little is None:
+                    first = self._slice_file(f, self.storage_data[items[0].storage_index])
+                    little = orders[relative_path] = _little_endian(first)
                 for item in items:
                     target = planner.resolve_tensor(item).detach()
                     self._read_slice(f, item, little, target)
