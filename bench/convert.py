@@ -23,8 +23,10 @@ Two cache states, each its own series: *warm* (the checkpoint's files in the pag
 right after a save) and *cold* (the checkpoint's pages evicted before each contender,
 ``posix_fadvise(DONTNEED)``: what a conversion of a checkpoint saved long ago reads). Each
 contender's output is removed after it is timed, outside the timing, with ``os.sync()``
-before the next. Issue 36's target: full / disk <= 1.5 (medians). A cProfile of one warm
-conversion to full comes with the result.
+before the next. Beside the wall time, this process's CPU time (user + system): on a shared
+machine a contender that computes more waits longer for a core. Issue 36's target:
+full / disk <= 1.5 (medians). A cProfile of one warm conversion to full comes with the
+result.
 
     python bench/convert.py --quick --out bench/convert.json
 """
@@ -120,11 +122,12 @@ def _remove(path: Path) -> None:
 
 def _series(
     steps: dict[str, Any], src: Path, root: Path, rounds: int, cold: bool
-) -> tuple[dict[str, list[float]], dict[str, int]]:
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
     """Every contender once per round (ABBA order) after a warm-up round; each one's
-    seconds and output bytes."""
+    seconds (wall, and this process's CPU time), and output bytes."""
     suffix = {"disk": ".bin", "full": ".pth", "safetensors": ".safetensors"}
     times: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+    cpu: dict[str, list[float]] = {name: [] for name in CONTENDERS}
     out_bytes: dict[str, int] = {}
     for r in range(rounds + 1):  # round 0: the warm-up
         for name in CONTENDERS if r % 2 == 0 else CONTENDERS[::-1]:
@@ -132,14 +135,15 @@ def _series(
             os.sync()
             if cold:
                 drop_file_cache(src)
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             steps[name](dst)
-            seconds = time.perf_counter() - start
+            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
             out_bytes[name] = path_bytes(dst)
             _remove(dst)
             if r:
                 times[name].append(seconds)
-    return times, out_bytes
+                cpu[name].append(cpu_seconds)
+    return times, cpu, out_bytes
 
 
 def run(quick: bool = True) -> dict[str, Any]:
@@ -165,11 +169,12 @@ def run(quick: bool = True) -> dict[str, Any]:
             "safetensors": lambda dst: convert_checkpoint(src, dst, to="safetensors"),
         }
         for cache in CACHES:
-            times, out_bytes = _series(steps, src, root, settings["rounds"], cache == "cold")
+            times, cpu, out_bytes = _series(steps, src, root, settings["rounds"], cache == "cold")
             medians = {name: median(xs) for name, xs in times.items()}
             case: dict[str, Any] = {
                 "seconds": {name: [round(x, 4) for x in xs] for name, xs in times.items()},
                 "median_s": medians,
+                "cpu_median_s": {name: median(xs) for name, xs in cpu.items()},
                 "output_bytes": out_bytes,
                 "full_over_disk": ratio(medians["full"], medians["disk"]),
                 "safetensors_over_disk": ratio(medians["safetensors"], medians["disk"]),
