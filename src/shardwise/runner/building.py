@@ -14,7 +14,6 @@ from typing import Any
 from shardwise import dist, launch_env
 from shardwise.checkpoint.storage import ObjectURL, is_url, write_object
 from shardwise.config import Config
-from shardwise.integrations import openmmlab
 from shardwise.registry import LOG_PROCESSORS, LOOPS, STRATEGIES, VISUALIZERS
 from shardwise.strategies import BaseStrategy
 from shardwise.visualization import Visualizer
@@ -154,9 +153,9 @@ def build_visualizer(
             ", ".join(sorted(VISUALIZERS.module_dict)),
         )
         cls = Visualizer
-    if openmmlab.from_mmengine(cls):  # by name, as its hooks find it: get_current_instance()
-        return cls.get_instance(**cfg)
-    return cls(**cfg)
+    # built as a registry builds it: a package's (mmengine's) by name, as its hooks find it
+    # (get_current_instance); a config from a package's base carries its _scope_
+    return VISUALIZERS.build({**cfg, "type": cls})
 
 
 def build_train_loop(

@@ -235,7 +235,7 @@ def _resumable_sampler(
     rank: int | None,
 ) -> ResumableSampler:
     """The sampler of mmengine's ``DefaultSampler`` (and the names like it) configs."""
-    unknown = set(sampler_cfg) - {"type", "seed", "round_up"}  # it always pads equal shares
+    unknown = set(sampler_cfg) - {"type", "seed", "round_up", "_scope_"}  # it pads equal shares
     if unknown:
         raise ValueError(f"unknown sampler keys {sorted(unknown)}; accepted: shuffle, seed")
     return ResumableSampler(
@@ -257,6 +257,7 @@ def _collate_fn(collate_fn: Any, like_mmengine: bool) -> Any:
         return collate_fn
     cfg = dict(collate_fn)
     name = cfg.pop("type")
+    cfg.pop("_scope_", None)  # from a package's base config: its names are resolved below
     func = None
     if like_mmengine and isinstance(name, str):
         current = DefaultScope.get_current_instance()
