@@ -1,7 +1,8 @@
 """Process-group setup, device choice, rank helpers and collectives.
 
 What the launcher told the process (rank, world, master; launcher inference) is read and
-checked by :mod:`shardwise.launch_env`; import its names from there.
+checked by :mod:`shardwise.launch_env`; import its names from there (``infer_launcher`` is
+here too, where mmengine's ``mmengine.dist`` has it).
 
 Every helper works without a process group: rank 0, world size 1, collectives are
 identities. With one, tensors are communicated where the backend wants them: CPU
@@ -36,6 +37,7 @@ import torch.distributed as torch_dist
 from torch.distributed import ProcessGroup
 
 from . import launch_env
+from .launch_env import infer_launcher
 
 __all__ = [
     "env_kwargs_from_cfg",
@@ -55,6 +57,7 @@ __all__ = [
     "get_local_size",
     "get_rank",
     "get_world_size",
+    "infer_launcher",
     "init_dist",
     "is_distributed",
     "is_main_process",

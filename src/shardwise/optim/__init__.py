@@ -6,6 +6,8 @@
 
 from typing import Any
 
+from shardwise.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIMIZERS
+
 from . import scheduler as _scheduler
 from . import zero_optimizer as _zero_optimizer
 from .amp_optim_wrapper import AmpOptimWrapper
@@ -32,6 +34,8 @@ __all__ = [
     "build_optim_wrapper",
     "clip_grad_norm_",
     "TORCH_OPTIMIZERS",
+    "OPTIMIZERS",  # the registries, where mmengine.optim has them too
+    "OPTIM_WRAPPER_CONSTRUCTORS",
     *getattr(_scheduler, "__all__", []),
 ]
 

@@ -4,6 +4,8 @@ Importing this package registers the hooks (``HOOKS``), loops (``LOOPS``) and me
 (``METRICS``) under mmengine's names.
 """
 
+from shardwise.env import set_random_seed
+
 from .data import ResumableSampler, build_dataloader, pseudo_collate, seed_worker, start_epoch
 from .evaluator import Accuracy, BaseMetric, Evaluator, MeanLoss, build_evaluator
 from .hooks import (
@@ -24,8 +26,13 @@ from .message_hub import HistoryBuffer, MessageHub
 from .priority import Priority, get_priority
 from .runner import DEFAULT_HOOKS, Runner, parse_losses
 
+#: mmengine's runner over strategies, whose trimmed form shardwise's :class:`Runner` is.
+FlexibleRunner = Runner
+
 __all__ = [
     "Runner",
+    "FlexibleRunner",
+    "set_random_seed",
     "DEFAULT_HOOKS",
     "LogProcessor",
     "parse_losses",
