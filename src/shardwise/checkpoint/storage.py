@@ -97,6 +97,9 @@ ATTEMPTS_ENV, BACKOFF_ENV = "SHARDWISE_STORAGE_ATTEMPTS", "SHARDWISE_STORAGE_BAC
 READ_PIECE = 16 << 20
 #: Bytes of ranged reads held in memory at once.
 READ_BATCH = 256 << 20
+#: The part size of S3's multipart uploads (s3fs's default, 50 MiB, would send files up to
+#: 100 MiB in one request).
+UPLOAD_PART = 16 << 20
 
 
 class StorageConfigError(ValueError):
@@ -477,8 +480,9 @@ def list_objects(prefix: str) -> dict[str, dict[str, Any]]:
 
 
 def upload_files(pairs: Iterable[tuple[Path, str]], threads: int = 8) -> None:
-    """Upload local files to objects, several at a time (s3fs uploads a large one in parts,
-    in parallel), each retried (:func:`retried`)."""
+    """Upload local files to objects, several at a time, each retried (:func:`retried`); on
+    S3 a file of twice ``UPLOAD_PART`` or more goes as a multipart upload, its parts in
+    parallel (s3fs)."""
     pairs = list(pairs)
     if not pairs:
         return
@@ -486,7 +490,10 @@ def upload_files(pairs: Iterable[tuple[Path, str]], threads: int = 8) -> None:
     def upload(pair: tuple[Path, str]) -> None:
         local, url = pair
         fs, path = filesystem(url)
-        retried("uploading", url, fs.put_file, str(local), path)
+        parts = {}
+        if protocol_of(url) in ("s3", "s3a"):  # S3 takes at most 10,000 parts
+            parts["chunksize"] = max(UPLOAD_PART, -(-local.stat().st_size // 10_000))
+        retried("uploading", url, fs.put_file, str(local), path, **parts)
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(pairs)))) as pool:
         list(pool.map(upload, pairs))  # raises the first failure
