@@ -332,7 +332,7 @@ def test_ckpt_verify_names_a_damaged_object(s3, two_ranks):
     assert f"FAILED {url}/__1_0.distcp: XXH3-64" in err.getvalue()
 
 
-def test_ckpt_inspect_and_convert_read_and_write_s3(s3, two_ranks, tmp_path):
+def test_ckpt_inspect_convert_and_index_read_and_write_s3(s3, two_ranks, tmp_path):
     from shardwise.cli import main
 
     bucket, _ = two_ranks
@@ -342,8 +342,10 @@ def test_ckpt_inspect_and_convert_read_and_write_s3(s3, two_ranks, tmp_path):
         assert main(["ckpt", "inspect", "--json", src]) == 0
         assert main(["ckpt", "convert", "--no-progress", src, dst, "--to", "full"]) == 0
         assert main(["ckpt", "verify", "--no-progress", dst]) == 0
+        assert main(["ckpt", "index", f"{bucket}/sharded/iter_6.pth"]) == 0
     assert f'"path": "{src}"' in out.getvalue()
     assert f"OK {dst}" in out.getvalue()
+    assert ".metadata" in list_objects(f"{bucket}/sharded/iter_6.pth")  # for torch's tools
 
 
 def test_checkpoint_hook_takes_an_out_dir_url_with_backend_args(s3):
