@@ -4,6 +4,7 @@ and shardwise's take it), named in their configs as ``tests.openmmlab_hooks.Reco
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -12,14 +13,16 @@ from mmengine.hooks import Hook
 
 class RecordHook(Hook):
     """Writes into ``out`` (rank 0): ``losses.json`` (every iteration's loss, as the step
-    returned it), ``init.pt`` (the weights the first iteration starts from, on one process) and
-    ``metrics.json`` (the last validation's metrics)."""
+    returned it), ``times.json`` (``time.perf_counter()`` after each iteration), ``init.pt``
+    (the weights the first iteration starts from, on one process) and ``metrics.json`` (the
+    last validation's metrics)."""
 
     priority = "VERY_HIGH"
 
     def __init__(self, out: str) -> None:
         self.out = Path(out)
         self.losses: list[float] = []
+        self.times: list[float] = []
 
     def _rank0(self, runner) -> bool:
         return getattr(runner, "rank", 0) == 0
@@ -34,9 +37,11 @@ class RecordHook(Hook):
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         if self._rank0(runner):
+            self.times.append(time.perf_counter())
             self.losses.append(float(outputs["loss"]))
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "losses.json").write_text(json.dumps(self.losses))
+            (self.out / "times.json").write_text(json.dumps(self.times))
 
     def after_val_epoch(self, runner, metrics=None) -> None:
         if self._rank0(runner):

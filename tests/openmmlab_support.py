@@ -33,7 +33,7 @@ ENV_DIR = REPO / ".openmmlab" / "env"
 #: pipelines start from arrays), as users customise them.
 CHILDREN = {
     # ResNet-18 on CIFAR-10's pipeline: random crop and flip in 2 worker processes; 2 epochs,
-    # validation after each
+    # validation after each, mmpretrain's VisualizationHook drawing the validation samples
     "resnet18": """
         _base_ = '{corpus}/resnet/resnet18_8xb16_cifar10.py'
         model = dict(head=dict(num_classes=3))
@@ -55,10 +55,12 @@ CHILDREN = {
                          pipeline=test_pipeline))
         test_dataloader = val_dataloader
         train_cfg = dict(max_epochs={epochs}, val_interval=1)
+        # mmpretrain's own hook draws every validation sample into vis_data/vis_image
+        default_hooks = dict(visualization=dict(type='VisualizationHook', enable=True))
         """,
     # DeiT-tiny (ViT) on ImageNet's pipeline (RandAugment, random erasing) at 32 px, with
-    # Mixup/CutMix in its data preprocessor, AdamW, clipping and paramwise_cfg; an
-    # iteration-based loop (the draw before init_weights)
+    # Mixup/CutMix in its data preprocessor, AdamW, clipping and paramwise_cfg, mmpretrain's
+    # RepeatAugSampler; an iteration-based loop (the draw before init_weights)
     "deit_tiny": """
         _base_ = '{corpus}/deit/deit-tiny_4xb256_in1k.py'
         model = dict(backbone=dict(img_size=32), head=dict(num_classes=3))
@@ -84,6 +86,7 @@ CHILDREN = {
         ]
         train_dataloader = dict(
             batch_size={batch}, num_workers=0,
+            sampler=dict(type='RepeatAugSampler', shuffle=True),  # mmpretrain's own sampler
             dataset=dict(_delete_=True, type='CustomDataset', data_root='{data}/train',
                          pipeline=train_pipeline))
         val_dataloader = dict(
