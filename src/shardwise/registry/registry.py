@@ -290,12 +290,13 @@ class Registry:
             f"{key} is not in the {self.scope}::{self.name} registry{hint}. Check the spelling "
             f"of {key!r}, register the class with register_module() of the {self.name} "
             f"registry, or give its full import path (e.g. 'package.module.ClassName')"
-            + self._openmmlab_hint(key)
+            + ("" if close else self._openmmlab_hint(key))
             + "."
         )
 
     def _openmmlab_hint(self, key: str) -> str:
-        """Where an OpenMMLab package's class would have been found (for the error)."""
+        """Where an OpenMMLab package's class would have been found (for the error of a
+        name with no close match here)."""
         root = self._get_root_registry()
         if root._fallback is None or "." in key:
             return ""
