@@ -43,7 +43,7 @@ from shardwise.env import gc_paused
 
 from .agreement import on_every_rank
 from .async_save import AsyncCheckpointer
-from .files import CheckpointError
+from .files import CheckpointError, require_checkpoint
 from .formats import CheckpointFormat, Placement, detect_format, read_checkpoint
 from .full import is_bare_state_dict
 from .latest import find_last_checkpoint
@@ -458,6 +458,7 @@ class Checkpointer:
         keys; ``callback(checkpoint)`` sees it before it is used; ``verify_checksums`` (None:
         the default given at construction) compares the files with the checksums recorded
         when they were saved while reading them, and refuses a mismatch."""
+        require_checkpoint(self.find(filename), also=self.resolve(filename))  # said first
         self.wait()
         self.logger.info("Loading weights from %s", filename)
         checkpoint = self.read(filename, map_location, verify_checksums)
@@ -491,6 +492,7 @@ class Checkpointer:
         ``resume_optimizer`` / ``resume_param_scheduler`` False leave those states as they
         are; ``map_location``, ``callback``, ``verify_checksums`` as in :meth:`load`. Returns
         the checkpoint's entries no state took (``meta`` always)."""
+        require_checkpoint(self.find(filename), also=self.resolve(filename))  # said first
         self.wait()
         self._layout("resume()")
         skip = [OPTIMIZER] * (not resume_optimizer) + [SCHEDULERS] * (not resume_param_scheduler)
@@ -566,6 +568,10 @@ class Checkpointer:
         resume_from, weights_from = where_to_start(
             self.work_dir, load_from=load_from, resume=resume
         )
+        given = "resume" if isinstance(resume, str | os.PathLike) else "load_from"
+        if resume_from or weights_from:  # named before the runner's hooks run, on every rank
+            path = resume_from or weights_from
+            require_checkpoint(self.find(path), f"{given} checkpoint", also=self.resolve(path))
         if resume_from is not None and not weights_only:
             self.logger.info("Resuming from %s", resume_from)
             return (resume_with or self.resume)(resume_from)
