@@ -134,6 +134,11 @@ class Case:
     operation: str = "resume"
     target: str = "fsdp2"
     steps: int = 2
+    storage: str = "local"  # where the source saves: 'local' disk or 's3' (tests/s3_server.py)
+
+
+#: where a checkpoint is written: local disk, or an S3 server over HTTP (moto's server mode)
+STORAGES = ("local", "s3")
 
 
 # ----------------------------------------------------------------------------- the model
@@ -538,8 +543,15 @@ def round_trips(
     """``case`` from one source run onto each of ``targets`` (``case.target`` ignored): the
     source's results and each target's, rank by rank."""
     tmp = Path(tmp)
-    source_dir = tmp / "source"
-    before = _on(LAYOUTS[case.source][0], source_run, case, str(source_dir))
+    source_dir: Any = tmp / "source"
+    env: dict[str, str] = {}
+    if case.storage == "s3":
+        from shardwise.checkpoint.storage import location
+        from tests.s3_server import shared_server
+
+        server = shared_server()
+        source_dir, env = location(f"{server.bucket()}/source"), server.env
+    before = _on(LAYOUTS[case.source][0], source_run, case, str(source_dir), env=env)
     if "error" in before[0]:
         return before, [before for _ in targets]
     afters = []
@@ -554,12 +566,12 @@ def round_trips(
             continue
         path, weights_only = offline(each, source_dir / "ckpt", target_dir)
         run = (each, str(target_dir), str(path), weights_only)
-        afters.append(_on(LAYOUTS[target][0], target_run, *run))
+        afters.append(_on(LAYOUTS[target][0], target_run, *run, env=env))
     return before, afters
 
 
-def _on(world_size: int, fn: Any, *args: Any) -> list[Any]:
-    return run_distributed(fn, world_size, *args, timeout=120)
+def _on(world_size: int, fn: Any, *args: Any, env: dict[str, str] | None = None) -> list[Any]:
+    return run_distributed(fn, world_size, *args, timeout=120, env=env)
 
 
 def check_round_trip(case: Case, ranks_before: list[Any], ranks_after: list[Any]) -> None:

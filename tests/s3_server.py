@@ -88,6 +88,20 @@ class S3Server:
         return boto3.client("s3", endpoint_url=self.endpoint, **_boto_credentials())
 
 
+_SHARED: S3Server | None = None
+
+
+def shared_server() -> S3Server:
+    """One server for this whole test process, started on first use, with this process's
+    environment pointing at it from then on (fsspec keeps one S3 client per set of options,
+    bound to the endpoint it first saw: every test of the process uses the same server)."""
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = S3Server.start()
+        os.environ.update(_SHARED.env)
+    return _SHARED
+
+
 def _boto_credentials() -> dict[str, str]:
     return dict(
         aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],

@@ -24,6 +24,7 @@ from tests.ckpt_matrix import (
     OPERATIONS,
     OPTIMIZERS,
     SCHEDULERS,
+    STORAGES,
     Case,
     ModelSpec,
     OptimSpec,
@@ -79,6 +80,7 @@ def cases(draw: st.DrawFn, source: str) -> Case:
         operation=operation,
         target=target,
         steps=draw(st.integers(1, 3)),
+        storage=draw(st.sampled_from(STORAGES)),
     )
 
 
@@ -118,6 +120,13 @@ def test_every_round_trip_keeps_the_state_and_the_next_loss_hundreds(source, tmp
         _check(case, tmp_path_factory)
 
     round_trips()
+
+
+def test_a_round_trip_through_an_s3_server_reshards(tmp_path_factory):
+    """A sharded checkpoint saved asynchronously by 2 FSDP ranks to an S3 server, resumed by 3
+    (each generated case draws its storage too: local disk or the S3 server)."""
+    case = Case(storage="s3", async_save=True, target="fsdp3")
+    _check(case, tmp_path_factory)
 
 
 # ----------------------------------------------------------------------------- empty shards

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
@@ -33,7 +32,7 @@ from shardwise.checkpoint.storage import (
 )
 from shardwise.strategies import FSDPStrategy, SingleDeviceStrategy
 from tests.distributed import run_distributed
-from tests.s3_server import FaultProxy, S3Server
+from tests.s3_server import FaultProxy, shared_server
 from tests.test_fsdp import Block, full_weights, train_lm
 from tests.toy import ToyNet, train_steps
 
@@ -44,17 +43,8 @@ MODEL = dict(type="TinyTransformer", dropout=0.1)  # dropout: the RNG state matt
 
 @pytest.fixture(scope="module")
 def s3():
-    """The S3 server, this process's environment pointing at it."""
-    server = S3Server.start()
-    saved = {key: os.environ.get(key) for key in server.env}
-    os.environ.update(server.env)
-    yield server
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    server.stop()
+    """The S3 server (one per test process), this process's environment pointing at it."""
+    return shared_server()
 
 
 # ----------------------------------------------------------------------------- 2 ranks
