@@ -503,7 +503,7 @@ class Checkpointer:
             )
         checkpoint = self.read(filename, map_location, verify_checksums)
         entries = on_every_rank(  # refused on every rank, or by none
-            lambda: self._fit(filename, checkpoint, self._selected(skip)),
+            lambda: _fit(filename, checkpoint, self._selected(skip)),
             f"resuming from {filename}",
         )
         if callback is not None:
@@ -516,40 +516,6 @@ class Checkpointer:
         self.claims.resumed_from(found)
         self.logger.info("Resumed from %s", filename)
         return checkpoint
-
-    def _fit(
-        self, filename: Any, checkpoint: dict[str, Any], selected: Mapping[str, _Entry]
-    ) -> dict[str, _Entry]:
-        """The states to load: refuses a resume that could not be whole (a required entry
-        missing, or one its state says does not fit), and puts each entry in the shape its
-        state loads."""
-        hints = {
-            OPTIMIZER: "optimizer state; resume with resume_optimizer=False",
-            SCHEDULERS: "parameter scheduler state; resume with resume_param_scheduler=False",
-        }
-        problems: list[str] = []
-        entries: dict[str, _Entry] = {}
-        for key, entry in selected.items():
-            if entry.meta:
-                entries[key] = entry
-                continue
-            if key not in checkpoint:
-                if entry.required:
-                    hint = hints.get(key, f"{key!r} entry; unregister it")
-                    raise KeyError(f"{filename} has no {hint} to restore the rest of it")
-                continue
-            fit = getattr(entry.state, "fit_state_dict", None)
-            if fit is not None:
-                checkpoint[key], found = fit(checkpoint[key])
-                problems += found
-            entries[key] = entry
-        if problems:
-            raise CheckpointError(  # one line: what every rank tells the others
-                f"refusing to resume from {filename}: it does not fit this run "
-                f"({'; '.join(problems)}), and nothing was loaded. To start a new run from its "
-                "weights, use load_from (it loads the parameters that fit and no optimizer state)"
-            )
-        return entries
 
     def load_or_resume(
         self,
@@ -583,6 +549,41 @@ class Checkpointer:
                 self.work_dir,
             )
         return None
+
+
+def _fit(
+    filename: Any, checkpoint: dict[str, Any], selected: Mapping[str, _Entry]
+) -> dict[str, _Entry]:
+    """The states to load: refuses a resume that could not be whole (a required entry
+    missing, or one its state says does not fit), and puts each entry in the shape its
+    state loads."""
+    hints = {
+        OPTIMIZER: "optimizer state; resume with resume_optimizer=False",
+        SCHEDULERS: "parameter scheduler state; resume with resume_param_scheduler=False",
+    }
+    problems: list[str] = []
+    entries: dict[str, _Entry] = {}
+    for key, entry in selected.items():
+        if entry.meta:
+            entries[key] = entry
+            continue
+        if key not in checkpoint:
+            if entry.required:
+                hint = hints.get(key, f"{key!r} entry; unregister it")
+                raise KeyError(f"{filename} has no {hint} to restore the rest of it")
+            continue
+        fit = getattr(entry.state, "fit_state_dict", None)
+        if fit is not None:
+            checkpoint[key], found = fit(checkpoint[key])
+            problems += found
+        entries[key] = entry
+    if problems:
+        raise CheckpointError(  # one line: what every rank tells the others
+            f"refusing to resume from {filename}: it does not fit this run "
+            f"({'; '.join(problems)}), and nothing was loaded. To start a new run from its "
+            "weights, use load_from (it loads the parameters that fit and no optimizer state)"
+        )
+    return entries
 
 
 def _read_first(remote: RemoteCheckpoint, layout: Layout) -> list[str] | None:
