@@ -56,6 +56,9 @@ from _common import (
 TARGET = 1.5
 #: 5 layers of width 288: 5.1M parameters, ~61 MB with AdamW's two moments.
 SIZE = dict(n_layer=5, n_head=4, n_embd=288)
+#: ``--full`` also converts a checkpoint 10x larger (16 layers of width 512: ~50M parameters,
+#: ~0.6 GB), where the fixed costs weigh less.
+LARGE = dict(n_layer=16, n_head=8, n_embd=512)
 CACHES = ("warm", "cold")
 CONTENDERS = ("disk", "full", "safetensors")
 
@@ -66,12 +69,12 @@ def _settings(quick: bool) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- the checkpoint
-def save_case(path: str) -> dict[str, Any]:
+def save_case(path: str, size: dict[str, int]) -> dict[str, Any]:
     """One of 2 ranks: FSDP's sharded checkpoint of the model after one AdamW step."""
     import torch.distributed as dist
     from _models import GPTSize, build_gpt, loss_of, make_batches
 
-    size = GPTSize(**SIZE)
+    size = GPTSize(**size)
     work = Path(path).parent
     strategy = gpt_fsdp_strategy(str(work), state_dict_cfg="sharded")
     model, optim_wrapper = strategy.prepare(
@@ -146,20 +149,15 @@ def _series(
     return times, cpu, out_bytes
 
 
-def run(quick: bool = True) -> dict[str, Any]:
+def measure(size: dict[str, int], rounds: int, profile: bool = False) -> dict[str, Any]:
+    """Save a sharded checkpoint of ``size`` on 2 ranks; time each contender, warm and cold."""
     from shardwise.checkpoint.convert import convert_checkpoint
 
-    settings = _settings(quick)
-    result: dict[str, Any] = {
-        "settings": settings,
-        "target": TARGET,
-        "machine": machine_info(),
-        "model": SIZE,
-    }
+    result: dict[str, Any] = {"model": size}
     root = Path(tempfile.mkdtemp(prefix="shardwise-bench-convert-"))
     try:
         src = root / "sharded.pth"
-        saved = run_ranks("convert:save_case", 2, {"path": str(src)}, timeout=300)
+        saved = run_ranks("convert:save_case", 2, {"path": str(src), "size": size}, timeout=600)
         result["parameters"] = saved[0]["parameters"]
         result["checkpoint_bytes"] = path_bytes(src)
         result["checkpoint_files"] = {p.name: p.stat().st_size for p in sorted(src.iterdir())}
@@ -169,7 +167,7 @@ def run(quick: bool = True) -> dict[str, Any]:
             "safetensors": lambda dst: convert_checkpoint(src, dst, to="safetensors"),
         }
         for cache in CACHES:
-            times, cpu, out_bytes = _series(steps, src, root, settings["rounds"], cache == "cold")
+            times, cpu, out_bytes = _series(steps, src, root, rounds, cache == "cold")
             medians = {name: median(xs) for name, xs in times.items()}
             case: dict[str, Any] = {
                 "seconds": {name: [round(x, 4) for x in xs] for name, xs in times.items()},
@@ -184,11 +182,21 @@ def run(quick: bool = True) -> dict[str, Any]:
             }
             case["meets_target"] = case["full_over_disk"] <= TARGET
             result[cache] = case
-        result["profile_full_warm"] = profile_call(
-            lambda: convert_checkpoint(src, root / "profiled.pth", to="full")
-        )
+        if profile:
+            result["profile_full_warm"] = profile_call(
+                lambda: convert_checkpoint(src, root / "profiled.pth", to="full")
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return result
+
+
+def run(quick: bool = True) -> dict[str, Any]:
+    settings = _settings(quick)
+    result = {"settings": settings, "target": TARGET, "machine": machine_info()}
+    result.update(measure(SIZE, settings["rounds"], profile=True))
+    if not quick:
+        result["large"] = measure(LARGE, 4)
     return result
 
 
