@@ -191,6 +191,11 @@ def test_a_package_s_model_data_metric_and_hook_train_as_under_mmengine_and_resu
     assert len(losses) == len(oracle) == 8
     assert losses == pytest.approx(oracle, abs=LOSS_TOLERANCE, rel=0)
     assert metrics == oracle_metrics and list(metrics) == ["fakemm/top1"]
+    records = (tmp_path / "shardwise").glob("*/metrics.jsonl")
+    logged = {
+        key for log in records for line in log.read_text().splitlines() for key in json.loads(line)
+    }
+    assert "samples_per_sec" in logged and "tokens_per_sec" not in logged  # images, not tokens
 
     checkpoint = tmp_path / "shardwise" / "iter_4.pth"
     resumed, _ = _fake_run(

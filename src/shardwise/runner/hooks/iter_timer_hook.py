@@ -82,7 +82,11 @@ class IterTimerHook(Hook):
 
 
 def batch_size(data_batch: Any) -> tuple[int, str]:
-    """``(count, unit)`` of a batch: tokens for integer (batch, sequence) inputs, else samples."""
+    """``(count, unit)`` of a batch: tokens for integer (batch, sequence) inputs, else samples
+    (a list of inputs, as mmengine's ``pseudo_collate`` leaves them: one sample each)."""
+    listed = data_batch.get("inputs") if isinstance(data_batch, Mapping) else None
+    if isinstance(listed, list | tuple) and listed and isinstance(listed[0], torch.Tensor):
+        return len(listed), "samples"
     inputs = _first_tensor(data_batch)
     if inputs is None:
         return 0, "samples"
