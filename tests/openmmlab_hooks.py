@@ -13,7 +13,8 @@ from mmengine.hooks import Hook
 
 class RecordHook(Hook):
     """Writes into ``out`` (rank 0): ``losses.json`` (every iteration's loss, as the step
-    returned it), ``times.json`` (``time.perf_counter()`` after each iteration), ``init.pt``
+    returned it), ``times.json`` (``time.perf_counter()`` and ``time.process_time()`` after
+    each iteration: wall and this process's CPU seconds), ``init.pt``
     (the weights the first iteration starts from, on one process) and ``metrics.json`` (the
     last validation's metrics)."""
 
@@ -22,7 +23,7 @@ class RecordHook(Hook):
     def __init__(self, out: str) -> None:
         self.out = Path(out)
         self.losses: list[float] = []
-        self.times: list[float] = []
+        self.times: list[tuple[float, float]] = []
 
     def _rank0(self, runner) -> bool:
         return getattr(runner, "rank", 0) == 0
@@ -37,7 +38,7 @@ class RecordHook(Hook):
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         if self._rank0(runner):
-            self.times.append(time.perf_counter())
+            self.times.append((time.perf_counter(), time.process_time()))
             self.losses.append(float(outputs["loss"]))
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "losses.json").write_text(json.dumps(self.losses))
