@@ -3,7 +3,8 @@ trained as mmengine's ``Runner`` trains it, against that Runner as the oracle.
 
 Default suite (mmengine only): a stand-in OpenMMLab package (``tests/fake_openmmlab/fakemm``:
 its registries in mmengine's tree; a ``BaseModel`` with dropout and a data preprocessor, a
-``BaseDataset`` with a random transform, its own ``Accuracy`` and hook) resolves under its
+``BaseDataset`` with a random transform, its own ``Accuracy``, optimizer wrapper constructor
+and hook) resolves under its
 ``default_scope``, and trains under shardwise's Runner with mmengine's Runner's per-iteration
 losses and metrics, and resumes bit-exactly; a config that names no OpenMMLab class never
 imports mmengine.
@@ -163,7 +164,7 @@ val_dataloader = dict(
     dataset=dict(type='Blobs', n=12, pipeline=[dict(type='Pack')]))
 val_evaluator = dict(type='Accuracy')
 val_cfg = dict()
-optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.2, momentum=0.9))
+optim_wrapper = dict(constructor='SlowFirstLayer', optimizer=dict(type='SGD', lr=0.2, momentum=0.9))
 train_cfg = dict(by_epoch=False, max_iters={iters}, val_interval=4)
 default_hooks = dict(checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=4))
 randomness = dict(seed=0)
@@ -185,7 +186,8 @@ def _fake_run(trainer, tmp_path: Path, name: str, iters: int, *args: str):
 def test_a_package_s_model_data_metric_and_hook_train_as_under_mmengine_and_resume(tmp_path):
     """Iteration-based: the draw before init_weights, a validation pass after iteration 4
     (mmengine's Evaluator over the package's Accuracy), a new data epoch at iteration 7
-    (24 samples in batches of 4); then the same run resumed from its iteration-4 checkpoint."""
+    (24 samples in batches of 4), the package's constructor's parameter groups under
+    shardwise's wrapper; then the same run resumed from its iteration-4 checkpoint."""
     oracle, oracle_metrics = _fake_run(train_with_mmengine, tmp_path, "oracle", 8)
     losses, metrics = _fake_run(train_with_shardwise, tmp_path, "shardwise", 8)
     assert len(losses) == len(oracle) == 8

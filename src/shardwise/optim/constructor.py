@@ -30,6 +30,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.optim import Optimizer
 
+from ..integrations import openmmlab
 from ..registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
 from .optim_wrapper import OptimWrapper
 
@@ -356,7 +357,9 @@ def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]) -> OptimWrappe
     ``'OptimWrapper'``), ``constructor`` (a registered name, a class, or a dict with ``type``
     and more constructor arguments; default ``'DefaultOptimizerConstructor'``),
     ``paramwise_cfg``, and the wrapper's own arguments (``accumulative_counts``,
-    ``clip_grad``, ``dtype``...). ``cfg`` is not modified.
+    ``clip_grad``, ``dtype``...). ``cfg`` is not modified. An OpenMMLab package's constructor
+    (mmengine's, such as mmpretrain's ``LearningRateDecayOptimWrapperConstructor``) builds the
+    optimizer with its parameter groups; shardwise's wrapper of ``type`` wraps it.
     """
     if not isinstance(cfg, Mapping):
         raise TypeError(
@@ -376,4 +379,12 @@ def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]) -> OptimWrappe
     else:
         constructor_cfg = dict(type=constructor)
     constructor_cfg.update(optim_wrapper_cfg=wrapper_cfg, paramwise_cfg=paramwise_cfg)
-    return OPTIM_WRAPPER_CONSTRUCTORS.build(constructor_cfg)(model)
+    built = OPTIM_WRAPPER_CONSTRUCTORS.build(constructor_cfg)(model)
+    if openmmlab.from_mmengine(built) and isinstance(getattr(built, "optimizer", None), Optimizer):
+        # an OpenMMLab package's constructor (mmengine's) grouped the parameters; the
+        # wrapper that steps them is shardwise's, from the same settings
+        settings = {k: v for k, v in wrapper_cfg.items() if k != "optimizer"}
+        return OPTIM_WRAPPERS.build(
+            {"type": "OptimWrapper", **settings, "optimizer": built.optimizer}
+        )
+    return built

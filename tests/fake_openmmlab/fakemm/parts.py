@@ -1,7 +1,8 @@
 """A stand-in OpenMMLab package's classes, written as mmpretrain writes its own: a
 ``BaseModel`` with a data preprocessor and dropout, a ``BaseDataset`` with a pipeline (a random
 transform, then packing into a data element), a ``BaseMetric`` named ``Accuracy`` (as
-shardwise's own metric is), and a hook that records every loss."""
+shardwise's own metric is), an optimizer wrapper constructor of its own (mmengine's kind, which
+builds mmengine's wrapper), and a hook that records every loss."""
 
 import json
 from pathlib import Path
@@ -14,9 +15,11 @@ from mmengine.dataset import BaseDataset
 from mmengine.evaluator import BaseMetric
 from mmengine.hooks import Hook
 from mmengine.model import BaseDataPreprocessor, BaseModel
+from mmengine.optim import DefaultOptimWrapperConstructor
+from mmengine.registry import OPTIM_WRAPPERS, OPTIMIZERS
 from mmengine.structures import BaseDataElement
 
-from .registry import DATASETS, HOOKS, METRICS, MODELS, TRANSFORMS
+from .registry import DATASETS, HOOKS, METRICS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS, TRANSFORMS
 
 
 @DATASETS.register_module()
@@ -108,3 +111,18 @@ class RecordLosses(Hook):
         (self.out / "metrics.json").write_text(
             json.dumps({k: float(v) for k, v in metrics.items()})
         )
+
+
+@OPTIM_WRAPPER_CONSTRUCTORS.register_module()
+class SlowFirstLayer(DefaultOptimWrapperConstructor):
+    """The first layer's parameters at half the learning rate (as mmpretrain's layer-decay
+    constructor groups a ViT's layers), built with mmengine's registries."""
+
+    def __call__(self, model):
+        first = [p for n, p in model.named_parameters() if n.startswith("net.0.")]
+        rest = [p for n, p in model.named_parameters() if not n.startswith("net.0.")]
+        groups = [dict(params=first, lr=self.base_lr * 0.5), dict(params=rest)]
+        optimizer = OPTIMIZERS.build(dict(self.optimizer_cfg, params=groups))
+        wrapper_cfg = dict(self.optim_wrapper_cfg)
+        wrapper_cfg.setdefault("type", "OptimWrapper")
+        return OPTIM_WRAPPERS.build(wrapper_cfg, default_args=dict(optimizer=optimizer))

@@ -5,6 +5,7 @@ from mmengine.registry import DATASETS as MMENGINE_DATASETS
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import METRICS as MMENGINE_METRICS
 from mmengine.registry import MODELS as MMENGINE_MODELS
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_CONSTRUCTORS
 from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
 from mmengine.registry import Registry
 
@@ -15,3 +16,9 @@ TRANSFORMS = Registry(
 )
 METRICS = Registry("metric", parent=MMENGINE_METRICS, scope="fakemm", locations=["fakemm.parts"])
 HOOKS = Registry("hook", parent=MMENGINE_HOOKS, scope="fakemm", locations=["fakemm.parts"])
+OPTIM_WRAPPER_CONSTRUCTORS = Registry(
+    "optimizer wrapper constructor",
+    parent=MMENGINE_CONSTRUCTORS,
+    scope="fakemm",
+    locations=["fakemm.parts"],
+)
