@@ -3,8 +3,8 @@ trained as mmengine's ``Runner`` trains it, against that Runner as the oracle.
 
 Default suite (mmengine only): a stand-in OpenMMLab package (``tests/fake_openmmlab/fakemm``:
 its registries in mmengine's tree; a ``BaseModel`` with dropout and a data preprocessor, a
-``BaseDataset`` with a random transform, its own ``Accuracy``, optimizer wrapper constructor
-and hook) resolves under its
+``BaseDataset`` with a random transform, its own ``Accuracy``, optimizer wrapper constructor,
+scheduler and hook) resolves under its
 ``default_scope``, and trains under shardwise's Runner with mmengine's Runner's per-iteration
 losses and metrics, and resumes bit-exactly; a config that names no OpenMMLab class never
 imports mmengine.
@@ -165,6 +165,7 @@ val_dataloader = dict(
 val_evaluator = dict(type='Accuracy')
 val_cfg = dict()
 optim_wrapper = dict(constructor='SlowFirstLayer', optimizer=dict(type='SGD', lr=0.2, momentum=0.9))
+param_scheduler = dict(type='HalvingLR', by_epoch=False)
 train_cfg = dict(by_epoch=False, max_iters={iters}, val_interval=4)
 default_hooks = dict(checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=4))
 randomness = dict(seed=0)
@@ -187,7 +188,8 @@ def test_a_package_s_model_data_metric_and_hook_train_as_under_mmengine_and_resu
     """Iteration-based: the draw before init_weights, a validation pass after iteration 4
     (mmengine's Evaluator over the package's Accuracy), a new data epoch at iteration 7
     (24 samples in batches of 4), the package's constructor's parameter groups under
-    shardwise's wrapper; then the same run resumed from its iteration-4 checkpoint."""
+    shardwise's wrapper, the package's scheduler; then the same run resumed from its
+    iteration-4 checkpoint."""
     oracle, oracle_metrics = _fake_run(train_with_mmengine, tmp_path, "oracle", 8)
     losses, metrics = _fake_run(train_with_shardwise, tmp_path, "shardwise", 8)
     assert len(losses) == len(oracle) == 8

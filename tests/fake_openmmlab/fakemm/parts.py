@@ -2,7 +2,8 @@
 ``BaseModel`` with a data preprocessor and dropout, a ``BaseDataset`` with a pipeline (a random
 transform, then packing into a data element), a ``BaseMetric`` named ``Accuracy`` (as
 shardwise's own metric is), an optimizer wrapper constructor of its own (mmengine's kind, which
-builds mmengine's wrapper), and a hook that records every loss."""
+builds mmengine's wrapper), a parameter scheduler of its own (mmengine's kind, which takes a
+torch optimizer), and a hook that records every loss."""
 
 import json
 from pathlib import Path
@@ -15,11 +16,19 @@ from mmengine.dataset import BaseDataset
 from mmengine.evaluator import BaseMetric
 from mmengine.hooks import Hook
 from mmengine.model import BaseDataPreprocessor, BaseModel
-from mmengine.optim import DefaultOptimWrapperConstructor
+from mmengine.optim import DefaultOptimWrapperConstructor, StepLR
 from mmengine.registry import OPTIM_WRAPPERS, OPTIMIZERS
 from mmengine.structures import BaseDataElement
 
-from .registry import DATASETS, HOOKS, METRICS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS, TRANSFORMS
+from .registry import (
+    DATASETS,
+    HOOKS,
+    METRICS,
+    MODELS,
+    OPTIM_WRAPPER_CONSTRUCTORS,
+    PARAM_SCHEDULERS,
+    TRANSFORMS,
+)
 
 
 @DATASETS.register_module()
@@ -126,3 +135,11 @@ class SlowFirstLayer(DefaultOptimWrapperConstructor):
         wrapper_cfg = dict(self.optim_wrapper_cfg)
         wrapper_cfg.setdefault("type", "OptimWrapper")
         return OPTIM_WRAPPERS.build(wrapper_cfg, default_args=dict(optimizer=optimizer))
+
+
+@PARAM_SCHEDULERS.register_module()
+class HalvingLR(StepLR):
+    """Every parameter group's learning rate halved every 3 steps."""
+
+    def __init__(self, optimizer, **kwargs):
+        super().__init__(optimizer, step_size=3, gamma=0.5, **kwargs)

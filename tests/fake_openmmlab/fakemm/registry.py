@@ -6,6 +6,7 @@ from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import METRICS as MMENGINE_METRICS
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_CONSTRUCTORS
+from mmengine.registry import PARAM_SCHEDULERS as MMENGINE_SCHEDULERS
 from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
 from mmengine.registry import Registry
 
@@ -21,4 +22,7 @@ OPTIM_WRAPPER_CONSTRUCTORS = Registry(
     parent=MMENGINE_CONSTRUCTORS,
     scope="fakemm",
     locations=["fakemm.parts"],
+)
+PARAM_SCHEDULERS = Registry(
+    "parameter scheduler", parent=MMENGINE_SCHEDULERS, scope="fakemm", locations=["fakemm.parts"]
 )

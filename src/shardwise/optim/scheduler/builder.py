@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
+from torch.optim import Optimizer
+
+from shardwise.integrations import openmmlab
 from shardwise.registry import PARAM_SCHEDULERS, Registry, build_scheduler_from_cfg
 
 from .param_scheduler import OptimizerType, _ParamScheduler
@@ -59,7 +62,8 @@ def build_param_scheduler(
     epoch-based config into an iteration-based scheduler through the class's
     ``build_iter_from_epoch``; it needs ``epoch_length``, the number of iterations per epoch
     (a config's own ``epoch_length`` wins over the argument). ``optimizer`` may be a torch
-    optimizer or an optimizer wrapper (with ``.optimizer``); a config's own ``optimizer`` wins.
+    optimizer or an optimizer wrapper (with ``.optimizer``; an OpenMMLab package's scheduler,
+    mmengine's class, gets the wrapper's torch optimizer); a config's own ``optimizer`` wins.
     Each config is built by ``PARAM_SCHEDULERS``' build function
     (:func:`shardwise.registry.build_scheduler_from_cfg`).
     """
@@ -74,7 +78,20 @@ def build_param_scheduler(
         )
     args = dict(cfg)
     if optimizer is not None:
-        args.setdefault("optimizer", optimizer)
+        args.setdefault("optimizer", _for_scheduler(args, optimizer, registry))
     if epoch_length is not None:
         args.setdefault("epoch_length", epoch_length)
     return build_scheduler_from_cfg(args, registry)
+
+
+def _for_scheduler(cfg: Mapping[str, Any], optimizer: Any, registry: Registry) -> Any:
+    """The optimizer to hand the scheduler ``cfg`` names: an OpenMMLab package's scheduler
+    (mmengine's class) takes a torch optimizer, not shardwise's wrapper, so it gets the
+    wrapper's own (whose parameter groups it schedules)."""
+    inner = getattr(optimizer, "optimizer", None)
+    if not isinstance(inner, Optimizer):
+        return optimizer
+    kind = cfg.get("type")
+    with registry.switch_scope_and_registry(cfg.get("_scope_")) as scoped:
+        cls = scoped.get(kind) if isinstance(kind, str) else kind
+    return inner if openmmlab.from_mmengine(cls) else optimizer
