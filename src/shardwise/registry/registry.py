@@ -290,27 +290,29 @@ class Registry:
             f"{key} is not in the {self.scope}::{self.name} registry{hint}. Check the spelling "
             f"of {key!r}, register the class with register_module() of the {self.name} "
             f"registry, or give its full import path (e.g. 'package.module.ClassName')"
-            + ("" if close else self._openmmlab_hint(key))
+            + self._openmmlab_hint(key, close_matches=bool(close))
             + "."
         )
 
-    def _openmmlab_hint(self, key: str) -> str:
-        """Where an OpenMMLab package's class would have been found (for the error of a
-        name with no close match here)."""
+    def _openmmlab_hint(self, key: str, close_matches: bool) -> str:
+        """Where an OpenMMLab package's class would have been found (for the error); without
+        mmengine, only for a name with no close match here."""
         root = self._get_root_registry()
         if root._fallback is None or "." in key:
             return ""
-        if not _mmengine_installed():
-            return "; an OpenMMLab package's class needs mmengine installed"
         scope = _default_scope_name()
-        if scope is None:
-            return (
-                "; an OpenMMLab package's class needs the package's scope: set the config's "
-                f"default_scope (e.g. default_scope='mmpretrain') or write 'mmpretrain.{key}'"
-            )
-        if scope.isidentifier() and importlib.util.find_spec(scope) is None:
-            return f"; the default scope's package {scope!r} is not installed"
-        return f" (nor in mmengine's registry tree under the default scope {scope!r})"
+        if scope is not None and scope != root._scope and _mmengine_installed():
+            if scope.isidentifier() and importlib.util.find_spec(scope) is None:
+                return f"; the default scope's package {scope!r} is not installed"
+            return f" (nor in mmengine's registry tree under the default scope {scope!r})"
+        if scope is not None:
+            return ""
+        if not _mmengine_installed():
+            return "" if close_matches else "; an OpenMMLab package's class needs mmengine"
+        return (
+            "; an OpenMMLab package's class needs the package's scope: set the config's "
+            f"default_scope (e.g. default_scope='mmpretrain') or write 'mmpretrain.{key}'"
+        )
 
     def build(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         """Build an object from ``cfg`` with :attr:`build_func` (by default

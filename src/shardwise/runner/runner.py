@@ -43,8 +43,7 @@ import torch.nn as nn
 
 import shardwise
 from shardwise.config import Config
-from shardwise.integrations import openmmlab
-from shardwise.registry import RUNNERS, init_default_scope
+from shardwise.registry import RUNNERS
 from shardwise.strategies import BaseStrategy
 from shardwise.visualization import Visualizer
 
@@ -55,11 +54,15 @@ from .building import (
     build_train_loop,
     build_visualizer,
     dump_config,
+    in_default_scope,
+    mmengine_logs_to,
+    model_before_init,
+    recorded_config,
     runner_kwargs,
 )
 from .checkpoints import RunnerCheckpoints
 from .checks import check_components, check_config
-from .data import build_dataloader, draw_like_mmengine
+from .data import build_dataloader
 from .hooks import Hook
 from .hooks.defaults import DEFAULT_HOOKS, merge_default_hooks
 from .hooks.hook_list import HookList
@@ -108,11 +111,8 @@ class Runner(RunnerCheckpoints):
         log_processor: a :class:`~shardwise.runner.LogProcessor` or its options
             (mmengine's ``dict(window_size=10, by_epoch=True, custom_cfg=[...])``), as
             ``runner.log_processor``: how ``LoggerHook`` smooths and formats the values.
-        default_scope: the scope unprefixed ``type`` names resolve in first (an OpenMMLab
-            package's, e.g. ``'mmpretrain'``: its models, datasets, metrics, hooks and
-            visualizers, from mmengine's registry tree); made the current default scope.
-        data_preprocessor: the model's ``data_preprocessor`` config when the model config
-            has none (mmengine's top-level key: normalisation, batching).
+        default_scope: where unprefixed ``type`` names resolve first, made current (an
+            OpenMMLab package's: ``'mmpretrain'``); data_preprocessor: the model config's.
     """
 
     def __init__(
@@ -148,13 +148,7 @@ class Runner(RunnerCheckpoints):
         default_scope: str | None = None,
         data_preprocessor: Mapping[str, Any] | nn.Module | None = None,
     ) -> None:
-        if default_scope is not None:
-            init_default_scope(default_scope)
-        if isinstance(model, Mapping) and data_preprocessor is not None:
-            model = {
-                **model,
-                "data_preprocessor": model.get("data_preprocessor", data_preprocessor),
-            }
+        model = in_default_scope(model, default_scope, data_preprocessor)
         check_components(
             model=model,
             train_dataloader=train_dataloader,
@@ -224,10 +218,7 @@ class Runner(RunnerCheckpoints):
         if self.rank == 0 and len(self.cfg):
             dump_config(self.cfg, self.work_dir, self.timestamp)
         if len(self.cfg):
-            config = self.cfg
-            if openmmlab.from_mmengine(self.visualizer):  # a package's: records mmengine's
-                config = openmmlab.mmengine_config(self.cfg)
-            self.visualizer.add_config(config)
+            self.visualizer.add_config(recorded_config(self.cfg, self.visualizer))
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -422,7 +413,7 @@ class Runner(RunnerCheckpoints):
         """For ``val()`` and ``test()``: the model, built and wrapped by the strategy (the
         trained one after ``train()``); its ``init_weights()`` runs unless the config sets
         ``init_weights_for_test_or_val=False``."""
-        self._mmengine_logs_to_log_file()
+        mmengine_logs_to(self.log_dir, self.timestamp, self.logger)
         init_weights = self.cfg.get("init_weights_for_test_or_val", True)
         dispatch = dict(init_weights_for_test_or_val=init_weights)
         prepared = self.strategy.prepare(
@@ -440,7 +431,7 @@ class Runner(RunnerCheckpoints):
             )
         loop = self.train_loop  # built here unless a hook or the user has asked for it before
         self._build_val()
-        self._mmengine_logs_to_log_file()
+        mmengine_logs_to(self.log_dir, self.timestamp, self.logger)
         dispatch = dict(
             max_iters=loop.max_iters,
             max_epochs=loop.max_epochs,
@@ -449,7 +440,7 @@ class Runner(RunnerCheckpoints):
         if getattr(self.train_dataloader, "batch_size", None) is not None:
             dispatch["train_micro_batch_size_per_gpu"] = self.train_dataloader.batch_size
         prepared = self.strategy.prepare(
-            self._built_model_before_init(loop),
+            model_before_init(self.strategy, self._model_cfg, loop, self.train_dataloader),
             optim_wrapper=self._optim_wrapper_cfg,
             param_scheduler=self._param_scheduler_cfg,
             compile=self._compile,
@@ -465,25 +456,6 @@ class Runner(RunnerCheckpoints):
         self.param_schedulers = prepared[2] if len(prepared) > 2 else None
         self._run(self._run_train_loop)
         return self.model
-
-    def _mmengine_logs_to_log_file(self) -> None:
-        """An OpenMMLab package's log lines (its model's ``init_weights`` report) go to the
-        log file, as under mmengine's Runner (:func:`.integrations.openmmlab.log_to`)."""
-        log_file = os.path.join(self.log_dir, f"{self.timestamp}.log")
-        openmmlab.log_to(log_file, self.logger.getEffectiveLevel())
-
-    def _built_model_before_init(self, loop: Any) -> nn.Module | Mapping[str, Any]:
-        """The model config, or, over a dataset of mmengine's with an iteration-based loop,
-        the model built with the draw that comes before its ``init_weights`` under mmengine's
-        Runner: its ``IterBasedTrainLoop`` opens the data iterator between the two
-        (:func:`~shardwise.runner.data.draw_like_mmengine`), so a seeded run starts from the
-        same weights as mmengine's."""
-        model = self._model_cfg
-        if isinstance(loop, IterBasedTrainLoop) and isinstance(model, Mapping):
-            if openmmlab.from_mmengine(getattr(self.train_dataloader, "dataset", None)):
-                model = self.strategy.build_model(model)
-                draw_like_mmengine(self.train_dataloader)
-        return model
 
     def _run_train_loop(self) -> None:
         self._initialize_accumulation()
