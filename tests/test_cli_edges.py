@@ -135,3 +135,14 @@ def test_ckpt_convert_offers_every_target_convert_writes():
     from shardwise.checkpoint.convert import TARGETS
 
     assert _TARGETS == tuple(TARGETS)
+
+
+def test_a_strategy_given_as_a_string_is_one_line_naming_the_way_to_give_its_keys():
+    """``--cfg-options "strategy={'type':'DDPStrategy'}"`` sets a string: refused before launch
+    (it failed on every rank with a traceback)."""
+    import tests.test_runner_support  # noqa: F401 - registers DropoutRegressor
+    from shardwise.runner.checks import check_config
+
+    cfg = dict(model=dict(type="DropoutRegressor"), strategy="{'type': 'DDPStrategy'}")
+    with pytest.raises(TypeError, match=r"^strategy: .*--cfg-options strategy.type=DDPStrategy"):
+        check_config(cfg, world_size=1, local_world_size=1)

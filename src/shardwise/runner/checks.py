@@ -138,6 +138,12 @@ def _is_mmengine_visualizer(visualizer: Any) -> bool:
 
 
 def _check_strategy(strategy: Any, world_size: int, local_size: int) -> None:
+    if isinstance(strategy, str):  # e.g. --cfg-options "strategy={'type':'DDPStrategy'}"
+        raise TypeError(
+            f"strategy: expected a dict(type=...) or a built strategy, got the string "
+            f"{strategy!r}; on the command line give its keys one by one "
+            "(--cfg-options strategy.type=DDPStrategy)"
+        )
     if not isinstance(strategy, Mapping):
         return  # absent (the default one) or an object built already
     with at("strategy"):
