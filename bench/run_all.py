@@ -45,11 +45,12 @@ SECTIONS: dict[str, tuple[int, int]] = {
     "cli_startup": (0, 900),
     "convert": (0, 600),
     "object_storage": (0, 1800),
+    "openmmlab": (0, 1800),
 }
 #: Sections `--quick` leaves out unless named with --only: bench/cli_startup.py spawns ~50
 #: fresh interpreters that import torch (about a minute on 2 cores), bench/small_save.py
 #: starts 2 and 4 ranks several times (~2-3 minutes): too much of the budget.
-FULL_ONLY = ("cli_startup", "small_save", "convert", "object_storage")
+FULL_ONLY = ("cli_startup", "small_save", "convert", "object_storage", "openmmlab")
 #: `make bench` must finish within 10 minutes on the 2-core machine. A section may run until
 #: the budget's end less the time reserved for the sections after it (so a section's leftover
 #: goes to the later ones), and skips, saying so, what does not fit: that happens when other
@@ -2474,7 +2475,8 @@ def write_convert(rep: Report, res: dict[str, Any]) -> None:
         return
     m = res["machine"]
     rep.add(
-        f"`python bench/run_all.py --full --only convert --merge` ({m['date']}, load "
+        f"`python bench/run_all.py{' --full' * (res.get('mode') == 'full')} --only convert "
+        f"--merge` ({m['date']}, load "
         f"{m['loadavg_at_start'][0]} at start): a {res['checkpoint_bytes'] / 1e6:.1f} MB "
         f"sharded checkpoint ({res['parameters'] / 1e6:.1f}M parameters with AdamW's moments, "
         "saved by FSDPStrategy on 2 gloo ranks) converted to a full file and to safetensors, "
@@ -2534,7 +2536,8 @@ def write_object_storage(rep: Report, res: dict[str, Any]) -> None:
     if rep.section_failed("object_storage", res):
         return
     rep.add(
-        "`python bench/run_all.py --full --only object_storage --merge` (bench/"
+        f"`python bench/run_all.py{' --full' * (res.get('mode') == 'full')} --only "
+        "object_storage --merge` (bench/"
         f"object_storage.py; load {res['loadavg_before'][0]} -> {res['loadavg_after'][0]}): "
         f"a {res['model']} GPT ({res['model_params'] / 1e6:.1f}M parameters) saved and "
         "resumed to moto's S3 server on this machine (over HTTP, the s3fs client) and to the "
@@ -2585,6 +2588,57 @@ def write_object_storage(rep: Report, res: dict[str, Any]) -> None:
                 f"{_r(c['ratios']['async blocked s3 / disk'])}x as long on S3 as on disk "
                 f"(target {target})"
             )
+
+
+def write_openmmlab(rep: Report, res: dict[str, Any]) -> None:
+    rep.add("## 14. An OpenMMLab config: shardwise train against mmengine's Runner", "")
+    if rep.section_failed("openmmlab", res):
+        return
+    m, c, one = res["machine"], res["config"], res["one_process"]
+    rep.add(
+        f"`python bench/run_all.py{' --full' * (res.get('mode') == 'full')} --only openmmlab "
+        f"--merge` (bench/openmmlab.py; "
+        f"{m['date']}, load {m['loadavg_at_start'][0]} -> {res['loadavg_at_end'][0]}): the "
+        f"child of the corpus's `{c['base']}` (ResNet-18, mmpretrain 1.2.0 on mmcv-lite 2.2.0) "
+        f"on {c['images']} generated 32-pixel images, batch {c['batch']}, {c['num_workers']} "
+        f"data workers, {c['epochs']} epochs of {c['steps_per_epoch']} steps, one intra-op "
+        "thread; `shardwise train CONFIG` and mmengine's `Runner.from_cfg(cfg).train()` in "
+        "fresh processes launched alternately, a step being the time between two iterations' "
+        "ends as a hook sees them; the ratio is the median over side-by-side pairs of "
+        f"launches ({len(one['launches'])} launches a side); both compute the same losses "
+        f"({one['same_losses']}).",
+        "",
+    )
+    rep.table(
+        ["case", "shardwise step", "mmengine step", "ratio (range over pairs)", "CPU ratio"],
+        [
+            [
+                "one process",
+                _s(one["shardwise_step_s"]),
+                _s(one["mmengine_step_s"]),
+                f"**{_r(one['ratio'])}** ({_r(one['ratio_range'][0])}-{_r(one['ratio_range'][1])})",
+                f"{_r(one['cpu_ratio'])}",
+            ],
+            [
+                "FSDP, 2 processes",
+                _s(res["fsdp2"]["shardwise_step_s"]),
+                "-",
+                res["fsdp2"].get("mmengine_flexible_fsdp", "-"),
+                "-",
+            ],
+        ],
+    )
+    rep.add(
+        "mmengine's FlexibleRunner with its own FSDPStrategy does not start on a CPU-only "
+        "torch (its `init_dist` calls `torch.cuda.set_device`), so FSDP-2 has no mmengine "
+        "figure here; shardwise's FSDP-2 step is given alone.",
+        "",
+    )
+    if not one["met"]:
+        rep.misses.append(
+            f"openmmlab one process: shardwise train / mmengine Runner = {_r(one['ratio'])} "
+            f"(target {one['target']}; CPU ratio {_r(one['cpu_ratio'])}; section 14)"
+        )
 
 
 def render(results: dict[str, Any], quick: bool, wall: float) -> str:
@@ -2655,6 +2709,7 @@ def render(results: dict[str, Any], quick: bool, wall: float) -> str:
         ("pipeline", write_pipeline),
         ("convert", write_convert),
         ("object_storage", write_object_storage),
+        ("openmmlab", write_openmmlab),
     ]
     for name, writer in writers:
         if name in sections:
