@@ -20,13 +20,12 @@ from __future__ import annotations
 import os
 import random
 import re
-import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.distributed import _context, _worker, free_port
+from tests.distributed import Ranks
 
 WIDTH = 384  # ~0.6 MB of weights, ~1.8 MB of state with AdamW: saves of ~10-30 ms here
 
@@ -87,37 +86,16 @@ def run_async_trial(seed: int, root: Path, timeout: float = 120.0) -> AsyncOutco
     start = time.monotonic()
     root.mkdir(parents=True, exist_ok=True)
     work_dir, report = root / "work", root / "reports"
-    ctx, port = _context(), free_port()
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=_worker,
-            args=(saving_loop, rank, 2, port, False, {}, (str(work_dir), str(report)), {}, results),
-        )
-        for rank in range(2)
-    ]
-    for proc in procs:
-        proc.start()
-    try:
+    with Ranks(saving_loop, 2, str(work_dir), str(report)) as ranks:
         deadline = time.monotonic() + timeout
         while sum(r == 0 for r, _ in _reports(report)) < outcome.after:
-            if time.monotonic() > deadline or not all(p.is_alive() for p in procs):
+            if time.monotonic() > deadline or not all(ranks.alive()):
                 outcome.status = "none"
                 outcome.reason = f"no {outcome.after} saves reported (ranks alive: "
-                outcome.reason += f"{[p.is_alive() for p in procs]})"
+                outcome.reason += f"{ranks.alive()})"
                 return outcome
             time.sleep(0.001)
-        time.sleep(outcome.delay)
-    finally:
-        for proc in procs:
-            if proc.pid is not None:
-                try:
-                    os.kill(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for proc in procs:
-            proc.join(timeout=30)
-        results.close()
+        time.sleep(outcome.delay)  # then every rank is killed
     reports = _reports(report)
     outcome.reported = max(i for _, i in reports)
     latest = find_last_checkpoint(work_dir)

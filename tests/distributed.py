@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -139,6 +140,44 @@ def run_distributed(
             parts.append(f"--- ranks {missing} gave no result within {timeout:.0f} s ---")
         raise DistributedTestError("\n".join(parts))
     return [pickle.loads(outcomes[r][1]) for r in range(world_size)]
+
+
+class Ranks:
+    """``fn(*args)`` started on ``world_size`` ranks as :func:`run_distributed` starts them,
+    without waiting for them: for a test that kills them (a context manager: every rank is
+    SIGKILLed and reaped on exit, whatever it was doing)."""
+
+    def __init__(
+        self, fn: Callable[..., Any], world_size: int, *args: Any, env: dict[str, str] | None = None
+    ) -> None:
+        ctx, port = _context(), free_port()
+        self._results = ctx.Queue()
+        self.procs = [
+            ctx.Process(
+                target=_worker,
+                args=(fn, rank, world_size, port, False, env or {}, args, {}, self._results),
+            )
+            for rank in range(world_size)
+        ]
+
+    def alive(self) -> list[bool]:
+        return [proc.is_alive() for proc in self.procs]
+
+    def __enter__(self) -> Ranks:
+        for proc in self.procs:
+            proc.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for proc in self.procs:
+            if proc.pid is not None:
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            proc.join(timeout=30)
+        self._results.close()
 
 
 def run_torchrun(

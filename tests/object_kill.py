@@ -28,13 +28,12 @@ from __future__ import annotations
 import os
 import random
 import re
-import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.distributed import _context, _worker, free_port
+from tests.distributed import Ranks
 
 WIDTH = 512  # ~1 MB of weights, ~3 MB of state with AdamW
 
@@ -158,40 +157,19 @@ def run_trial(
     start = time.monotonic()
     root.mkdir(parents=True, exist_ok=True)
     report = root / "reports"
-    ctx, port = _context(), free_port()
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=_worker,
-            args=(saving_loop, rank, 2, port, False, env, (prefix, fmt, str(report)), {}, results),
-        )
-        for rank in range(2)
-    ]
-    for proc in procs:
-        proc.start()
-    try:
+    with Ranks(saving_loop, 2, prefix, fmt, str(report), env=env) as ranks:
         deadline = time.monotonic() + timeout
         while True:
             saves, resumed = _reports(report)
             if len(resumed) == 2 and sum(r == 0 for r, _ in saves) >= outcome.after:
                 break
-            if time.monotonic() > deadline or not all(p.is_alive() for p in procs):
+            if time.monotonic() > deadline or not all(ranks.alive()):
                 outcome.status = "none"
                 outcome.reason = f"no {outcome.after} saves reported (ranks alive: "
-                outcome.reason += f"{[p.is_alive() for p in procs]}; reports: {saves[-4:]})"
+                outcome.reason += f"{ranks.alive()}; reports: {saves[-4:]})"
                 return outcome
             time.sleep(0.002)
-        time.sleep(outcome.delay)
-    finally:
-        for proc in procs:
-            if proc.pid is not None:
-                try:
-                    os.kill(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for proc in procs:
-            proc.join(timeout=30)
-        results.close()
+        time.sleep(outcome.delay)  # then every rank is killed
     saves, resumed = _reports(report)
     outcome.resumed = resumed[0][1]
     if any(ok != "ok" for _, _, ok in resumed) or {i for _, i, _ in resumed} != {expected or 0}:

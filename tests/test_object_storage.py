@@ -30,15 +30,12 @@ from shardwise.checkpoint.storage import (
     storage_options,
     write_object,
 )
-from shardwise.strategies import FSDPStrategy, SingleDeviceStrategy
+from shardwise.strategies import SingleDeviceStrategy
 from tests.distributed import run_distributed
 from tests.s3_server import FaultProxy, shared_server
-from tests.test_fsdp import Block, full_weights, train_lm
+from tests.test_fsdp import full_weights
+from tests.test_fsdp_checkpoint import SCHEDULERS, _prepare, _steps
 from tests.toy import ToyNet, train_steps
-
-OPTIM = dict(optimizer=dict(type="AdamW", lr=1e-2, weight_decay=0.01))
-SCHEDULERS = [dict(type="LinearLR", start_factor=0.5, by_epoch=False, begin=0, end=4)]
-MODEL = dict(type="TinyTransformer", dropout=0.1)  # dropout: the RNG state matters
 
 
 @pytest.fixture(scope="module")
@@ -48,28 +45,6 @@ def s3():
 
 
 # ----------------------------------------------------------------------------- 2 ranks
-def _prepare(work_dir, fmt):
-    strategy = FSDPStrategy(
-        work_dir=work_dir,
-        state_dict_cfg=fmt,
-        model_wrapper=dict(auto_wrap_policy={Block}),
-        env_kwargs=dict(randomness=dict(seed=7)),
-    )
-    model, wrapper, schedulers = strategy.prepare(
-        MODEL, optim_wrapper=OPTIM, param_scheduler=SCHEDULERS
-    )
-    return strategy, model, wrapper, schedulers
-
-
-def _steps(strategy, model, wrapper, schedulers, steps):
-    losses = []
-    for step in steps:
-        losses += train_lm(strategy, model, wrapper, [step], strategy.rank, strategy.world_size)[0]
-        for scheduler in schedulers:
-            scheduler.step()
-    return losses
-
-
 def _spy_on_fetches() -> list[dict[str, tuple[int, int]]]:
     """What each read of a checkpoint on the store fetched: by object, the bytes fetched and
     its size (recorded as the local copy closes)."""
