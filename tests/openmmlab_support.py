@@ -28,15 +28,11 @@ TOOL = SHARED / "tools" / "openmmlab_env.sh"
 CORPUS = SHARED / "corpus" / "openmmlab-configs" / "mmpretrain" / "configs"
 ENV_DIR = REPO / ".openmmlab" / "env"
 
-#: The child configs: each ``_base_`` a real config of the corpus, swaps the data for a
-#: ``CustomDataset`` folder with ``_delete_=True`` (a loading step first: the corpus's CIFAR
-#: pipelines start from arrays), as users customise them.
-CHILDREN = {
-    # ResNet-18 on CIFAR-10's pipeline: random crop and flip in 2 worker processes; 2 epochs,
-    # validation after each, mmpretrain's VisualizationHook drawing the validation samples
-    "resnet18": """
-        _base_ = '{corpus}/resnet/resnet18_8xb16_cifar10.py'
-        model = dict(head=dict(num_classes=3))
+
+def _cifar10(workers: int) -> str:
+    """CIFAR-10's pipeline (random crop and flip) on ``CustomDataset`` folders, loaded by
+    ``workers`` processes, 2 epochs with validation after each."""
+    return """
         data_preprocessor = dict(num_classes=3)
         train_pipeline = [
             dict(type='LoadImageFromFile'),
@@ -46,15 +42,30 @@ CHILDREN = {
         ]
         test_pipeline = [dict(type='LoadImageFromFile'), dict(type='PackInputs')]
         train_dataloader = dict(
-            batch_size={batch}, num_workers=2,
+            batch_size={batch}, num_workers=WORKERS,
             dataset=dict(_delete_=True, type='CustomDataset', data_root='{data}/train',
                          pipeline=train_pipeline))
         val_dataloader = dict(
-            batch_size={batch}, num_workers=2,
+            batch_size={batch}, num_workers=WORKERS,
             dataset=dict(_delete_=True, type='CustomDataset', data_root='{data}/val',
                          pipeline=test_pipeline))
         test_dataloader = val_dataloader
         train_cfg = dict(max_epochs={epochs}, val_interval=1)
+        """.replace("WORKERS", str(workers))
+
+
+#: The child configs: each ``_base_`` a real config of the corpus, swaps the data for a
+#: ``CustomDataset`` folder with ``_delete_=True`` (a loading step first: the corpus's CIFAR
+#: pipelines start from arrays), as users customise them.
+CHILDREN = {
+    # ResNet-18 on CIFAR-10's pipeline: random crop and flip in 2 worker processes; 2 epochs,
+    # validation after each, mmpretrain's VisualizationHook drawing the validation samples
+    "resnet18": """
+        _base_ = '{corpus}/resnet/resnet18_8xb16_cifar10.py'
+        model = dict(head=dict(num_classes=3))
+        """
+    + _cifar10(workers=2)
+    + """
         # mmpretrain's own hook draws every validation sample into vis_data/vis_image
         default_hooks = dict(visualization=dict(type='VisualizationHook', enable=True))
         """,
@@ -109,24 +120,9 @@ CHILDREN = {
     "mobilenet_v3": """
         _base_ = '{corpus}/mobilenet_v3/mobilenet-v3-small_8xb16_cifar10.py'
         model = dict(head=dict(num_classes=3, dropout_rate=0.2, topk=(1,)))
-        data_preprocessor = dict(num_classes=3)
-        train_pipeline = [
-            dict(type='LoadImageFromFile'),
-            dict(type='RandomCrop', crop_size=32, padding=4),
-            dict(type='RandomFlip', prob=0.5, direction='horizontal'),
-            dict(type='PackInputs'),
-        ]
-        test_pipeline = [dict(type='LoadImageFromFile'), dict(type='PackInputs')]
-        train_dataloader = dict(
-            batch_size={batch}, num_workers=0,
-            dataset=dict(_delete_=True, type='CustomDataset', data_root='{data}/train',
-                         pipeline=train_pipeline))
-        val_dataloader = dict(
-            batch_size={batch}, num_workers=0,
-            dataset=dict(_delete_=True, type='CustomDataset', data_root='{data}/val',
-                         pipeline=test_pipeline))
-        test_dataloader = val_dataloader
-        train_cfg = dict(max_epochs={epochs}, val_interval=1)
+        """
+    + _cifar10(workers=0)
+    + """
         """,
 }
 
