@@ -39,7 +39,7 @@ lint: test-install
 test: lint
 	$(PY) -m pytest -q
 
-# A quick subset (under 2 minutes on 2 cores, where `make test` takes about 13): the
+# A quick subset (under 2 minutes on 2 cores, where `make test` takes about 7): the
 # quickstart on one process and under torchrun, the README's paths, configs, registries,
 # optimizer wrappers, the commit protocol and the full checkpoint format.
 QUICK_TESTS := tests/test_quickstart.py tests/test_readme.py tests/test_config.py \
