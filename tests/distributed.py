@@ -11,6 +11,7 @@ traceback, and a run that outlives ``timeout`` seconds is killed and reported.
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import pickle
@@ -47,6 +48,7 @@ def _context() -> Any:
 
 
 def _worker(fn, rank, world_size, port, init_pg, env, args, kwargs, results) -> None:
+    faulthandler.enable()  # a rank that crashes (SIGSEGV, SIGABRT) prints its Python stack
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
