@@ -23,6 +23,7 @@ import importlib.util
 import json
 import os
 import re
+import traceback
 import types
 import uuid
 import warnings
@@ -420,11 +421,53 @@ def import_custom_modules(custom_imports: Mapping) -> None:
     for name in names:
         try:
             importlib.import_module(name)
-        except ImportError as e:
+        except Exception as e:  # noqa: BLE001 - any failure inside the package: one line
             if not custom_imports.get("allow_failed_imports", False):
-                raise ImportError(
-                    f"Failed to import custom modules from {custom_imports}: {e}. Make the "
-                    "module importable (set PYTHONPATH to the folder that holds it), or set "
-                    "allow_failed_imports=True to go on without it"
-                ) from e
+                raise ImportError(_import_failure(name, e)) from None
             warnings.warn(f"{name} failed to import and is ignored.", UserWarning, stacklevel=2)
+
+
+#: mmengine's words, kept so that a script matching them still does.
+_FAILED = "Failed to import custom modules from custom_imports: "
+
+
+def _find_spec(name: str) -> Any:
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
+def _import_failure(name: str, error: BaseException) -> str:
+    """One line on why ``custom_imports`` could not import ``name``, and the fix."""
+    skip = "or set allow_failed_imports=True to go on without it"
+    top = name.partition(".")[0]
+    if isinstance(error, ModuleNotFoundError) and error.name:
+        missing = error.name.partition(".")[0]
+        if missing == top and _find_spec(top) is None:
+            return (
+                f"{_FAILED}{name!r}: no module named {top!r}; pip "
+                f"install {top} (if it is a package), or set PYTHONPATH to the folder that "
+                f"holds it, {skip}"
+            )
+        if missing == top:
+            return (
+                f"{_FAILED}{name!r}: no module named {error.name!r}; "
+                f"check the name, or set PYTHONPATH to the folder that holds it, {skip}"
+            )
+        if missing != top:
+            return (
+                f"{_FAILED}{name!r} failed: it needs {error.name!r}, which "
+                f"is not installed; pip install {missing}, {skip}"
+            )
+    where = ""
+    frames = traceback.extract_tb(error.__traceback__)
+    if frames:
+        where = f" (in {Path(frames[-1].filename).name}:{frames[-1].lineno})"
+    detail = " ".join(str(error).split()) or "no message"
+    return (
+        f"{_FAILED}{name!r} failed with {type(error).__name__}: {detail}"
+        f"{where}; the installed packages it imports do not fit each other or this torch: "
+        f"reinstall them in versions built for torch (pip install --force-reinstall ...), "
+        f"{skip}"
+    )

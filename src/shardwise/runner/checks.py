@@ -236,13 +236,35 @@ def _check_schedulers(cfg: Any, optimizer: torch.optim.Optimizer, train_cfg: Map
             scheduler_cls = PARAM_SCHEDULERS.resolve(item["type"])
         args = {k: v for k, v in item.items() if k not in ("type", "convert_to_iter_based")}
         _check_numbers(scheduler_cls, args, key)
+        origin = None
         if "end" not in item:
-            length = train_cfg.get("max_epochs" if item.get("by_epoch", True) else "max_iters")
+            length_key = "max_epochs" if item.get("by_epoch", True) else "max_iters"
+            length = train_cfg.get(length_key)
             if not isinstance(length, int):
                 continue
-            item["end"] = length
+            item["end"], origin = length, f"train_cfg.{length_key}={length}"
         build = functools.partial(build_param_scheduler, item, OptimWrapper(optimizer))
-        dry_build(key, functools.partial(build, epoch_length=1))
+        try:
+            dry_build(key, functools.partial(build, epoch_length=1))
+        except ValueError as exc:
+            if origin is None:
+                raise
+            raise ValueError(_end_from_length(str(exc), item, origin)) from None
+
+
+def _end_from_length(message: str, item: Mapping[str, Any], origin: str) -> str:
+    """A scheduler's refusal of the ``end`` it was given from the run's length (``origin``,
+    ``'train_cfg.max_iters=20'``: the config sets no ``end``), saying so and what to change."""
+    end = item["end"]
+    head = message.split(f"end={end}", 1)
+    if len(head) == 1:
+        return f"{message} (its end={end} is from {origin}: the scheduler sets no end)"
+    length_key = origin.split("=", 1)[0]
+    begin = item.get("begin", 0)
+    return (
+        f"{head[0]}end={end} (from {origin}: the scheduler sets no end, so it ends with "
+        f"training); raise {length_key} above {begin}, or give the scheduler an end of its own"
+    )
 
 
 def dry_build(key: str, build: Callable[[], Any]) -> Any:
@@ -387,12 +409,14 @@ def _dry_build_own_hook(hook: Any, key: str) -> None:
         dry_build(key, lambda: HOOKS.build({k: v for k, v in hook.items() if k != "priority"}))
 
 
-def checkpoints_hint(path: Path) -> str:
+def checkpoints_hint(path: Path, resume: str = "resume=True") -> str:
+    """What to do about a checkpoint ``path`` that is not there: the checkpoints beside it,
+    or ``resume`` (the config's ``resume=True``, or the command line's flag) for the latest."""
     folder = path.parent
     found = sorted(p.name for p in folder.glob("*.pth")) if folder.is_dir() else []
     if found:
-        return f"Checkpoints in {folder}: {', '.join(found)}; or resume=True for the latest."
-    return "Check the path, or use resume=True to resume from the latest checkpoint in work_dir."
+        return f"Checkpoints in {folder}: {', '.join(found)}; or {resume} for the latest."
+    return f"Check the path, or use {resume} to resume from the latest checkpoint in work_dir."
 
 
 def check_train_cfg(train_cfg: Any) -> None:

@@ -101,17 +101,10 @@ def _read_train_config(args: argparse.Namespace) -> Any:
     if args.resume == "auto":  # mmengine's tools/train.py: the latest checkpoint in work_dir
         cfg.resume, cfg.load_from = True, None
     elif args.resume is not None:
-        if is_url(args.resume):
-            check_storage(args.resume, "--resume")
-        if not (exists(args.resume) if is_url(args.resume) else Path(args.resume).exists()):
-            from .checks import checkpoints_hint
-
-            hint = checkpoints_hint(location(args.resume)).replace(
-                "resume=True", "--resume without a path"
-            )
-            raise FileNotFoundError(f"--resume {args.resume}: no such checkpoint. {hint}")
+        _require_checkpoint(args.resume, "--resume", "--resume without a path")
         cfg.resume, cfg.load_from = True, absolute(args.resume)
     elif args.load_from is not None:
+        _require_checkpoint(args.load_from, "--load-from", "--resume")
         cfg.load_from = args.load_from
     if args.launcher is not None:
         cfg.launcher = args.launcher
@@ -130,6 +123,18 @@ def _read_train_config(args: argparse.Namespace) -> Any:
             )
         cfg.preemption = {**dict(current or {}), **preemption}
     return cfg
+
+
+def _require_checkpoint(path: str, flag: str, resume_flag: str) -> None:
+    """Refuse a checkpoint ``path`` given by ``flag`` that does not exist, in one line naming
+    the flag and, as the fix, the command line's way to resume (``resume_flag``)."""
+    if is_url(path):
+        check_storage(path, flag)
+    if not (exists(path) if is_url(path) else Path(path).exists()):
+        from .checks import checkpoints_hint
+
+        hint = checkpoints_hint(location(path), resume=resume_flag)
+        raise FileNotFoundError(f"{flag} {path}: no such checkpoint. {hint}")
 
 
 #: The flags of ``shardwise train`` that set ``fault_tolerance``'s keys, and torchft's
