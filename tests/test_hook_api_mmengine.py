@@ -359,6 +359,10 @@ def test_log_processor_gives_mmengines_values_and_line_after_an_epoch(
     want = theirs.get_log_after_epoch(
         _mock_loop_runner(theirs_hub, trained=True), 11, mode, with_non_scalar
     )
+    if mode == "val":  # a deliberate difference: the epoch's own loss, not a mean of epochs
+        mean, latest = theirs_hub.get_scalar("val/loss").mean(10), 1.0 / 12
+        want = ({**want[0], "loss": latest}, want[1].replace(f"loss: {mean:.4f}", "loss: 0.0833"))
+        assert got[0]["loss"] == pytest.approx(latest) and mean != pytest.approx(latest)
     assert got[1] == want[1]
     assert list(got[0]) == list(want[0])
     for key, value in want[0].items():

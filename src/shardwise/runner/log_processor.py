@@ -146,9 +146,10 @@ class LogProcessor:
     def get_log_after_epoch(
         self, runner, batch_idx: int, mode: str, with_non_scalar: bool = False
     ) -> tuple[dict, str]:
-        """``(tag, log_str)`` after a validation or test epoch: the metrics, then the mean
-        ``time`` and ``data_time`` of the epoch; ``with_non_scalar`` adds the metrics that
-        are not one number (kept as runtime information) to the tag."""
+        """``(tag, log_str)`` after a validation or test epoch: the metrics of this epoch (each
+        as computed: a metric named ``loss`` is not averaged with earlier epochs' as under
+        mmengine), then the mean ``time`` and ``data_time`` of the epoch; ``with_non_scalar``
+        adds the metrics that are not one number (kept as runtime information) to the tag."""
         if mode not in ("val", "test"):
             raise AssertionError(
                 f"`_get_metric_log_str` only accept val or test mode, but got {mode}"
@@ -167,7 +168,11 @@ class LogProcessor:
             if key not in custom_keys:
                 custom_cfg.append(dict(data_src=key, window_size="epoch", method_name="mean"))
         parsed_cfg = self._parse_windows_size(runner, batch_idx, custom_cfg)
-        scalars = self._collect_scalars(parsed_cfg, runner, mode, self.log_with_hierarchy)
+        # this pass's values: its metrics as computed (mmengine averages a metric matching
+        # mean_pattern, such as a validation ``loss``, over the last window_size passes)
+        scalars = self._collect_scalars(
+            parsed_cfg, runner, mode, self.log_with_hierarchy, latest=True
+        )
         non_scalars = self._collect_non_scalars(runner, mode)
 
         tag: dict[str, Any] = OrderedDict()
@@ -190,10 +195,15 @@ class LogProcessor:
 
     # ------------------------------------------------------------------ collecting
     def _collect_scalars(
-        self, custom_cfg: list[dict], runner, mode: str, reserve_prefix: bool = False
+        self,
+        custom_cfg: list[dict],
+        runner,
+        mode: str,
+        reserve_prefix: bool = False,
+        latest: bool = False,
     ) -> dict[str, Any]:
-        """The ``mode`` scalars: averaged over ``window_size`` (``mean_pattern``) or the
-        latest value, then the ``custom_cfg`` statistics."""
+        """The ``mode`` scalars: averaged over ``window_size`` (``mean_pattern``; with
+        ``latest``, none is) or the latest value, then the ``custom_cfg`` statistics."""
         custom_cfg = copy.deepcopy(custom_cfg)
         tag: dict[str, Any] = OrderedDict()
         scalars = OrderedDict()
@@ -202,7 +212,7 @@ class LogProcessor:
                 key = prefixed if reserve_prefix else self._remove_prefix(prefixed, f"{mode}/")
                 scalars[key] = buffer
         for key, buffer in scalars.items():
-            if re.search(self.mean_pattern, key) is not None:
+            if not latest and re.search(self.mean_pattern, key) is not None:
                 tag[key] = buffer.mean(self.window_size)
             else:
                 tag[key] = buffer.current()

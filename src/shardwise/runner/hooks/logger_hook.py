@@ -17,10 +17,13 @@ What rank 0 writes:
   test;
 - the first iteration of a run that starts from scratch, on the console only (the starting
   loss; the records below stay mmengine's);
-- a tqdm progress bar over all training iterations, with ETA, loss and LR, when stdout and
-  stderr are a terminal (console lines and warnings are written above it, never into it; in
-  a file or a pipe the console lines, which carry the iteration and the ETA, are the
-  progress);
+- before training, one line saying what the training loss in the lines and in
+  ``metrics.jsonl`` is: the lines show it smoothed over the log processor's ``window_size``
+  iterations (mmengine's), the records the mean since the previous record;
+- a tqdm progress bar over all training iterations, with ETA, the loss as the lines show it
+  (``loss 2.4431 (smoothed over 10)``) and the LR, when stdout and stderr are a terminal
+  (console lines and warnings are written above it, never into it; in a file or a pipe the
+  console lines, which carry the iteration and the ETA, are the progress);
 - at each logged training iteration one JSON object per line in ``log_dir/metrics.jsonl``:
   ``{"mode": "train", "iter": 40, "epoch": 0, "lr": 0.001, "loss": 2.4431, ...}`` (the
   ``train/`` scalars averaged over the iterations since the last record, learning rates as
@@ -149,6 +152,7 @@ class LoggerHook(Hook):
         self._visualizer = None
         self._hierarchy = False
         self._bar = None
+        self._window = interval
         self._redirect = contextlib.ExitStack()
 
     # ------------------------------------------------------------------ set-up and tear-down
@@ -179,6 +183,14 @@ class LoggerHook(Hook):
             by_epoch = getattr(runner.train_loop, "by_epoch", None)
             if isinstance(by_epoch, bool):
                 processor.by_epoch = by_epoch
+        self._window = _window_size(processor, self.interval)
+        if _rank0() and isinstance(getattr(processor, "window_size", None), int):
+            runner.logger.info(
+                f"Training loss: the log lines show it smoothed over the last {self._window} "
+                "iterations (log_processor window_size); metrics.jsonl and shardwise plot "
+                "record the mean of the iterations since the previous record (every "
+                f"{self.interval})"
+            )
         if _rank0() and self.progress_bar and _bar_fits_the_console():
             from tqdm.auto import tqdm
 
@@ -295,12 +307,13 @@ class LoggerHook(Hook):
             return
         hub = runner.message_hub
         self._bar.update(1)
-        postfix = {}
+        postfix = []  # the loss as the log lines show it
         if "train/loss" in hub.log_scalars:
-            postfix["loss"] = f"{hub.get_scalar('train/loss').mean(self.interval):.4f}"
+            loss = hub.get_scalar("train/loss").mean(self._window)
+            postfix.append(f"loss {loss:.4f} (smoothed over {self._window})")
         if "train/lr" in hub.log_scalars:
-            postfix["lr"] = f"{hub.get_scalar('train/lr').current():.3e}"
-        self._bar.set_postfix(postfix, refresh=False)
+            postfix.append(f"lr {hub.get_scalar('train/lr').current():.3e}")
+        self._bar.set_postfix_str(", ".join(postfix), refresh=False)
 
     @staticmethod
     def _values(hub, window: int) -> dict[str, float]:
@@ -399,6 +412,13 @@ class LoggerHook(Hook):
         if self._visualizer is not None:  # the trackers get what the JSON line has
             scalars = tracked_scalars(record, prefix if self._hierarchy else "")
             self._visualizer.add_scalars(scalars, step=step, file_path=self.json_log_path)
+
+
+def _window_size(processor: Any, default: int) -> int:
+    """The iterations the log processor smooths the training loss over (``default`` for a
+    processor without ``window_size``)."""
+    window = getattr(processor, "window_size", None)
+    return window if isinstance(window, int) and window > 0 else default
 
 
 def _rank0() -> bool:
