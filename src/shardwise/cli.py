@@ -102,6 +102,12 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="override config values, e.g. train_cfg.max_iters=100 model.depth=4",
     )
     parser.add_argument(
+        "--strict-keys",
+        action="store_true",
+        help="refuse a top-level config key that is a near miss of one the Runner reads "
+        "(train_cgf for train_cfg; without it: a warning)",
+    )
+    parser.add_argument(
         "--launcher",
         choices=_LAUNCHERS,
         help="how the processes were started (default: read from the environment)",

@@ -46,6 +46,7 @@ from shardwise.registry import (
 )
 from shardwise.visualization import check_vis_backends
 
+from .config_keys import check_top_level_keys
 from .data import check_dataloader_cfg
 from .hooks.defaults import merge_default_hooks, with_preemption
 
@@ -78,11 +79,14 @@ def check_config(
     *,
     world_size: int | None = None,
     local_world_size: int | None = None,
+    strict_keys: bool = False,
 ) -> None:
     """Refuse a config that cannot train (see the module docstring). ``world_size`` and
     ``local_world_size``: of the run to be launched (default: this process's, from the
-    environment). Side-effect free. Names resolve under the config's ``default_scope``, as
-    in the run."""
+    environment). A top-level key that is a near miss of one the Runner reads (``train_cgf``)
+    is warned about, or refused with ``strict_keys`` (:mod:`.config_keys`). Side-effect free.
+    Names resolve under the config's ``default_scope``, as in the run."""
+    check_top_level_keys(cfg, strict_keys=strict_keys)
     scope = cfg.get("default_scope")
     if scope is not None and not isinstance(scope, str):
         raise TypeError(

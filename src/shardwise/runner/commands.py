@@ -320,7 +320,12 @@ def train(args: argparse.Namespace) -> int:
         plan = plan_launch(options, args.launcher)
         from .runner import Runner
 
-        Runner.check_cfg(cfg, world_size=plan.world_size, local_world_size=plan.local_world_size)
+        Runner.check_cfg(
+            cfg,
+            world_size=plan.world_size,
+            local_world_size=plan.local_world_size,
+            strict_keys=getattr(args, "strict_keys", False),
+        )
     except (ValueError, TypeError, KeyError, FileNotFoundError, SyntaxError, ImportError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"shardwise train: error: {message}", file=sys.stderr)

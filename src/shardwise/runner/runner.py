@@ -239,14 +239,21 @@ class Runner(RunnerCheckpoints):
         *,
         world_size: int | None = None,
         local_world_size: int | None = None,
+        strict_keys: bool = False,
     ) -> None:
         """Refuse a config that cannot train, naming the key, the value, what was expected
         and the fix (:func:`~shardwise.runner.checks.check_config`; the sizes are those of
-        the run to be launched, default this process's).
+        the run to be launched, default this process's; ``strict_keys``: a near miss of a
+        key the Runner reads, ``train_cgf``, is an error, not a warning).
 
         Cheap and side-effect free: ``shardwise train`` runs it before launching processes.
         """
-        check_config(cfg, world_size=world_size, local_world_size=local_world_size)
+        check_config(
+            cfg,
+            world_size=world_size,
+            local_world_size=local_world_size,
+            strict_keys=strict_keys,
+        )
 
     def build_strategy(self, strategy: Any, **runner_settings: Any) -> BaseStrategy:
         """The strategy, or one built from its config with the runner's settings as defaults
