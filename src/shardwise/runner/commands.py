@@ -301,7 +301,9 @@ def train(args: argparse.Namespace) -> int:
     the config for that run, then train here or launch the processes."""
     from shardwise import dist
 
-    from .launch import LaunchOptions, launch, plan_launch
+    from .launch import LaunchOptions, die_with_launcher, launch, plan_launch
+
+    die_with_launcher()  # a worker of a launching shardwise train ends when it does
 
     options = LaunchOptions(
         nproc_per_node=args.nproc_per_node,

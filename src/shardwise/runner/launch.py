@@ -23,7 +23,9 @@ line and the environment, in this order:
 
 ``--launcher`` names this process's launcher instead of inferring it. The workers run
 ``python -m shardwise.cli train CONFIG --launcher pytorch ...`` and train in their own process:
-nothing is ever launched twice. With ``--max-restarts`` > 0 the workers also get
+nothing is ever launched twice. They die with the ``shardwise train`` that started them
+(:func:`die_with_launcher`), even one killed with SIGKILL: torchrun starts them in sessions
+of their own, where nothing else would end them. With ``--max-restarts`` > 0 the workers also get
 ``--auto-resume``: after a crash, torchrun restarts every worker and they continue from the
 last checkpoint committed since the launch.
 
@@ -34,9 +36,11 @@ node or an existing group's size) raise a ``ValueError`` naming them, before any
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -50,10 +54,15 @@ __all__ = [
     "plan_launch",
     "torchrun_args",
     "LAUNCH_TIME_ENV",
+    "LAUNCHER_PID_ENV",
     "TORCHRUN_SIGNALS",
+    "die_with_launcher",
 ]
 
 LAUNCH_TIME_ENV = "SHARDWISE_LAUNCH_TIME"
+#: The pid of the ``shardwise train`` process that launched the workers (their parent).
+LAUNCHER_PID_ENV = "SHARDWISE_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 #: The signals torchrun's agent forwards to its workers: torchrun's own, and SIGUSR1, which
 #: SLURM's ``--signal=USR1@120`` sends before a time limit (the workers' preemption hook
@@ -477,6 +486,7 @@ def launch(options: LaunchOptions, worker_argv: Sequence[str], signals: Sequence
     options.check()
     options.check_meeting_point()
     os.environ.setdefault(LAUNCH_TIME_ENV, repr(time.time()))
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the workers' parent: see die_with_launcher
     if (options.max_restarts or 0) > 0:
         # torchrun shares its rendezvous store with the workers by default, and restarted
         # workers can then read the previous attempt's addresses from it and fail to connect
@@ -503,3 +513,32 @@ def launch(options: LaunchOptions, worker_argv: Sequence[str], signals: Sequence
         )
         return 128 + int(exc.sigval)
     return 0
+
+
+def die_with_launcher(env: Mapping[str, str] | None = None) -> bool:
+    """In a worker that :func:`launch` started (its parent's pid in :data:`LAUNCHER_PID_ENV`),
+    have the kernel send this process SIGKILL when the launcher dies (Linux's
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere a daemon thread that checks the parent every half
+    second); whether it did. A launcher that is already gone ends this process at once."""
+    env = os.environ if env is None else env
+    launcher = str(env.get(LAUNCHER_PID_ENV, ""))
+    if not launcher.isdigit() or int(launcher) != os.getppid():
+        return False  # not started by shardwise train (or the launcher is gone already)
+    pid = int(launcher)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            if os.getppid() != pid:  # the launcher died before the call
+                os.kill(os.getpid(), signal.SIGKILL)
+            return True
+    thread = threading.Thread(
+        target=_watch_launcher, args=(pid,), name="shardwise-launcher-watch", daemon=True
+    )
+    thread.start()
+    return True
+
+
+def _watch_launcher(pid: int) -> None:
+    while os.getppid() == pid:
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
