@@ -175,8 +175,8 @@ class AsyncCheckpointer:
             self._wrappers[path] = wrapper
         return wrapper
 
-    def _copy_pending(self) -> None:
-        """The copies :meth:`stage` left (the background thread runs them); the training
+    def copy_staged(self) -> None:
+        """The copies :meth:`stage` left (a background thread runs them); the training
         thread's :meth:`wait_for_staging` returns once they are done, or failed."""
         try:
             for buffer, source in self._pending:
@@ -239,7 +239,7 @@ class AsyncCheckpointer:
             try:
                 error = None
                 try:
-                    self._copy_pending()
+                    self.copy_staged()
                     commit.record(*write())
                 except Exception as exc:  # noqa: BLE001 - every rank learns of it in finish()
                     error = exc

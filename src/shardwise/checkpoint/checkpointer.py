@@ -156,6 +156,8 @@ class Checkpointer:
         self.stager = AsyncCheckpointer()
         #: The prefixes on object storage this run writes (see :mod:`.object_commit`).
         self.claims = RunClaims()
+        #: The memory tier (:mod:`.memory`: snapshots in node memory), if the strategy has one.
+        self.memory: Any = None
 
     # ------------------------------------------------------------------ states
     def register(
@@ -531,6 +533,11 @@ class Checkpointer:
         gives its weights only (a run with nothing to train). ``resume_with`` and
         ``load_with`` (default: :meth:`resume` and :meth:`load`) are called with the path (a
         runner passes its own, which register its states and call its hooks)."""
+        if self.memory is not None:  # resume=True: memory first, storage only if it lacks a step
+            placed = self._layout("resume()").placement is not None
+            recovered = self.memory.start(resume=resume is True and not weights_only, placed=placed)
+            if recovered is not None:
+                return recovered.resume(resume_with or self.resume, self.retention)
         resume_from, weights_from = where_to_start(
             self.work_dir, load_from=load_from, resume=resume
         )

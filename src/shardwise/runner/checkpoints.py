@@ -69,6 +69,16 @@ class RunnerCheckpoints:
                 newest,
             )
 
+    def snapshot_to_memory(self) -> None:
+        """After a training iteration (its hooks run): a snapshot to the strategy's memory
+        tier when one is due (``memory_checkpoint``'s ``interval``), with the loop position
+        a save after this iteration records."""
+        tier = self.strategy.checkpointer.memory
+        if tier is None or not tier.due(self.iter + 1):
+            return
+        self._register_states()
+        tier.snapshot(self.iter + 1, dict(epoch=self.epoch, iter=self.iter + 1))
+
     def resume(self, filename: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore model, optimizer, schedulers, RNG states, the loop position and the
         message hub from a checkpoint."""

@@ -178,6 +178,7 @@ class _TrainLoop(BaseLoop):
         runner.call_hook(
             "after_train_iter", batch_idx=batch_idx, data_batch=data_batch, outputs=outputs
         )
+        runner.snapshot_to_memory()
         self._iter += 1
 
     def _validate_now(self, count: int, last: bool) -> bool:

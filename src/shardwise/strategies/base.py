@@ -27,6 +27,7 @@ from shardwise import dist
 from shardwise.checkpoint.agreement import on_every_rank
 from shardwise.checkpoint.checkpointer import Checkpointer, Layout
 from shardwise.checkpoint.formats import FULL
+from shardwise.checkpoint.memory import attach_memory_tier, parse_memory_checkpoint
 from shardwise.checkpoint.retention import check_max_keep_ckpts
 from shardwise.checkpoint.storage import ObjectURL, check_storage, location
 from shardwise.env import collect_env, set_random_seed
@@ -80,6 +81,10 @@ class BaseStrategy(StrategyCheckpoints):
         verify_checksums: the default of :meth:`load_checkpoint`'s and :meth:`resume`'s
             ``verify_checksums``: compare a checkpoint's files with the checksums recorded
             when it was saved before loading it.
+        memory_checkpoint: a snapshot of the whole state in node-local memory every few
+            iterations, replicated to peers on other nodes and recovered from them on a
+            restart (``dict(interval=1, replicas=1, dir='/dev/shm/shardwise',
+            failure_domain='node')``; :mod:`shardwise.checkpoint.memory`).
     """
 
     model: nn.Module
@@ -97,9 +102,11 @@ class BaseStrategy(StrategyCheckpoints):
         async_save: bool = False,
         max_keep_ckpts: int = -1,
         verify_checksums: bool = True,
+        memory_checkpoint: Mapping[str, Any] | bool | None = None,
         **unknown: Any,
     ) -> None:
         check_keywords(type(self), unknown)
+        self._memory_checkpoint = parse_memory_checkpoint(memory_checkpoint)
         check_flags(async_save=async_save, verify_checksums=verify_checksums)
         check_max_keep_ckpts(max_keep_ckpts)
         self._auto_scale_lr = check_auto_scale_lr(auto_scale_lr)
@@ -264,6 +271,8 @@ class BaseStrategy(StrategyCheckpoints):
         if param_scheduler is not None:
             self.param_schedulers = self.build_param_scheduler(param_scheduler, self.optim_wrapper)
         self._register_states()
+        if self._memory_checkpoint is not None:
+            attach_memory_tier(self._checkpointer, self._memory_checkpoint, self.world_size)
         self._prepared = True
         return self._prepared_components()
 

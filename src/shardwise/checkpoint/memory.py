@@ -1,0 +1,683 @@
+"""The memory tier: every rank's state in node-local memory every ``interval`` steps,
+replicated to peers in other failure domains, and recovered from them on a restart.
+
+A *snapshot* is this rank's part of a sharded checkpoint (:func:`.sharded.save_sharded_checkpoint`
+planned by each rank alone: its ``__{rank}_0.distcp`` and metadata fragment; rank 0 also
+``meta.pt`` and ``layout.json``) written into a *slot* of a directory that outlives the process
+(``/dev/shm`` by default: memory, gone only with the node). Each owner rank has two slots per
+node directory; a snapshot goes into the older one, whose marker (``snapshot.json``: step, run,
+world, each file's size and checksum) is removed first and written last, so a crash mid-write
+leaves the other slot's snapshot whole and never a half one that reads as complete.
+
+The *policy* (who keeps whose copy) is :class:`Topology`: ranks are grouped into failure domains
+of ``domain_size`` consecutive ranks (a node: torchrun's ``LOCAL_WORLD_SIZE``), and rank ``r``
+sends its snapshot to ``r + i * domain_size`` for ``i`` in ``1..replicas`` (NVIDIA
+resiliency-ext's clique replication with a ``replication_jump`` of one node). The *mechanism* is
+:class:`MemoryTier`: the training thread takes the state and stages it to host buffers (the
+large tensors copied in the background, the next optimizer step waiting for them, as an
+asynchronous save does, :mod:`.async_save`); a background thread writes the slot, its marker,
+and exchanges the snapshot with the replica peers over a gloo group of its own.
+
+*Recovery* (:meth:`MemoryTier.recover`, on a restart with ``resume=True``): every rank lists
+the complete snapshots in its node's directory (its own and the replicas it holds); the ranks
+agree on the newest step for which every owner's snapshot exists somewhere; each rank gathers
+the files it reads (its own owner's and rank 0's on the same world size, every owner's on
+another: the sharded reader reshards) from its node's memory, by hard link, or from a peer
+that holds them, by point-to-point transfers in one global order (no deadlock); a manifest of
+the recorded checksums makes the read verify every chunk. The result is an ordinary sharded
+checkpoint directory that :meth:`~.checkpointer.Checkpointer.resume` reads onto any layout.
+
+Example (a strategy keyword; the Runner snapshots after each ``interval``-th iteration)::
+
+    strategy = dict(type='FSDPStrategy',
+                    memory_checkpoint=dict(interval=1, replicas=1))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+from torch.distributed.tensor import DTensor
+
+from ..tree import map_tensors
+from .agreement import gather_outcomes
+from .async_save import AsyncCheckpointer
+from .files import CheckpointError, atomic_write_text, describe_error
+from .manifest import ALGORITHM, MANIFEST, build_manifest
+from .sharded import save_sharded_checkpoint
+
+__all__ = [
+    "MARKER",
+    "MemoryCheckpoint",
+    "MemoryTier",
+    "Recovered",
+    "Topology",
+    "attach_memory_tier",
+    "list_snapshots",
+    "parse_memory_checkpoint",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The marker of a complete snapshot in its slot (written last, removed first).
+MARKER = "snapshot.json"
+SLOTS = ("slot0", "slot1")
+#: Where snapshots go unless ``dir`` (or ``SHARDWISE_MEMORY_DIR``) says otherwise.
+DEFAULT_DIR = "/dev/shm/shardwise"
+_KEYS = ("interval", "replicas", "dir", "failure_domain")
+
+
+@dataclass(frozen=True)
+class MemoryCheckpoint:
+    """The ``memory_checkpoint`` keyword of a strategy.
+
+    Args:
+        interval: a snapshot after every ``interval``-th training iteration.
+        replicas: how many peers in other failure domains keep a copy of each snapshot.
+        dir: the node-local directory (memory: ``/dev/shm``); ``{domain}`` in it is replaced
+            by the failure domain's index (to simulate nodes on one machine).
+        failure_domain: ``'node'`` (torchrun's ``LOCAL_WORLD_SIZE`` ranks a domain) or the
+            number of consecutive ranks a domain holds.
+    """
+
+    interval: int = 1
+    replicas: int = 1
+    dir: str = field(default_factory=lambda: os.environ.get("SHARDWISE_MEMORY_DIR", DEFAULT_DIR))
+    failure_domain: str | int = "node"
+
+
+def parse_memory_checkpoint(value: Any) -> MemoryCheckpoint | None:
+    """``memory_checkpoint`` as given to a strategy (None, False, True or a dict), checked."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return MemoryCheckpoint()
+    example = "dict(interval=1, replicas=1)"
+    if not isinstance(value, Mapping):
+        raise TypeError(f"memory_checkpoint must be a dict such as {example}, got {value!r}")
+    unknown = sorted(set(value) - set(_KEYS))
+    if unknown:
+        raise ValueError(
+            f"memory_checkpoint has unknown keys {unknown}; it takes {list(_KEYS)}, e.g. {example}"
+        )
+    config = MemoryCheckpoint(**value)
+    for key in ("interval", "replicas"):
+        number = getattr(config, key)
+        low = 1 if key == "interval" else 0
+        if isinstance(number, bool) or not isinstance(number, int) or number < low:
+            raise ValueError(
+                f"memory_checkpoint {key}={number!r}: expected an integer >= {low}, e.g. {example}"
+            )
+    domain = config.failure_domain
+    if domain != "node" and (isinstance(domain, bool) or not isinstance(domain, int) or domain < 1):
+        raise ValueError(
+            f"memory_checkpoint failure_domain={domain!r}: expected 'node' or the number of "
+            "consecutive ranks a failure domain holds (an integer >= 1)"
+        )
+    if not isinstance(config.dir, str | os.PathLike) or not str(config.dir):
+        raise ValueError(f"memory_checkpoint dir={config.dir!r}: expected a directory path")
+    return config
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Who keeps whose snapshot: failure domains of ``domain_size`` consecutive ranks; rank
+    ``r``'s replicas on ``r + i * domain_size`` for ``i`` in ``1..replicas`` (capped at the
+    number of other domains)."""
+
+    rank: int
+    world: int
+    domain_size: int
+    replicas: int
+
+    @property
+    def domains(self) -> int:
+        return -(-self.world // self.domain_size)
+
+    def domain(self, rank: int | None = None) -> int:
+        return (self.rank if rank is None else rank) // self.domain_size
+
+    @property
+    def copies(self) -> int:
+        """The replicas kept: at most one in each other domain."""
+        return min(self.replicas, self.domains - 1)
+
+    def sends_to(self) -> list[int]:
+        return [(self.rank + i * self.domain_size) % self.world for i in range(1, self.copies + 1)]
+
+    def receives_from(self) -> list[int]:
+        return [(self.rank - i * self.domain_size) % self.world for i in range(1, self.copies + 1)]
+
+
+@dataclass
+class Recovered:
+    """A snapshot gathered for this rank into ``path`` (an ordinary sharded checkpoint)."""
+
+    path: Path
+    step: int
+    world: int  # the world size that wrote it
+    local_bytes: int  # read from this node's memory
+    fetched_bytes: int  # received from peers
+    seconds: float
+
+    def resume(self, resume: Callable[[str], dict[str, Any]], retention: Any) -> dict[str, Any]:
+        """``resume(path)``, then the gathered files removed and the retention lists the
+        snapshot recorded taken over; the checkpoint's other entries."""
+        logger.info(
+            "Resuming from the memory snapshot of step %d (written by %d ranks): %.1f MB from "
+            "this node's memory, %.1f MB from peers, gathered in %.2f s",
+            self.step,
+            self.world,
+            self.local_bytes / 1e6,
+            self.fetched_bytes / 1e6,
+            self.seconds,
+        )
+        try:
+            checkpoint = resume(str(self.path))
+        finally:
+            shutil.rmtree(self.path, ignore_errors=True)
+        kept = checkpoint.get("meta", {}).get("kept_checkpoints")
+        if isinstance(kept, Mapping):
+            retention.kept = {str(k): list(v) for k, v in kept.items()}
+        return checkpoint
+
+
+def _run_key(work_dir: Any) -> str:
+    """The directory a run's snapshots go to under ``dir``: its work_dir's, so that two runs on
+    one machine never mix."""
+    return "run-" + hashlib.sha1(str(work_dir).encode()).hexdigest()[:16]
+
+
+def _read_marker(slot: Path) -> dict[str, Any] | None:
+    """The slot's marker when the snapshot is complete (every file there, of its size)."""
+    try:
+        marker = json.loads((slot / MARKER).read_text())
+        files = marker["files"]
+        for name, (size, _) in files.items():
+            if (slot / name).stat().st_size != size:
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    marker["slot"] = str(slot)
+    return marker
+
+
+def list_snapshots(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The complete snapshots under a run's memory directory (``shardwise ckpt inspect``'s
+    view and the recovery's inventory): each marker, with its ``slot``."""
+    found = []
+    for slot in sorted(Path(root).glob("rank*/slot*")):
+        marker = _read_marker(slot)
+        if marker is not None:
+            found.append(marker)
+    return found
+
+
+def _local_bytes(state: Any) -> int:
+    """The bytes of this rank's tensors in ``state`` (a DTensor's own shard)."""
+    total = [0]
+
+    def count(t: torch.Tensor) -> torch.Tensor:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        total[0] += local.numel() * local.element_size()
+        return t
+
+    map_tensors(count, state)
+    return total[0]
+
+
+class MemoryTier:
+    """Snapshots to node-local memory, replication to peers and recovery from them (see the
+    module docstring).
+
+    Args:
+        config: the parsed ``memory_checkpoint``.
+        take_state: the checkpoint dict of every registered state (``meta`` merged in).
+        watch: registers a function every state calls before changing its saved tensors.
+        work_dir: the run's work_dir (its snapshots are kept apart from other runs').
+        rank, world: this process's place.
+    """
+
+    def __init__(
+        self,
+        config: MemoryCheckpoint,
+        take_state: Callable[[Mapping[str, Any]], dict[str, Any]],
+        watch: Callable[[Callable[[], None]], None],
+        work_dir: Any,
+        rank: int,
+        world: int,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.config = config
+        domain_size = config.failure_domain
+        if domain_size == "node":
+            domain_size = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        self.topology = Topology(rank, world, max(1, min(int(domain_size), world)), config.replicas)
+        self.root = Path(config.dir.format(domain=self.topology.domain())) / _run_key(work_dir)
+        self.work_dir = str(work_dir)
+        self.logger = log or logger
+        self._take_state = take_state
+        self._watch = watch
+        self.stager = AsyncCheckpointer()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._run = ""  # agreed by every rank in begin()
+        self._begun = False
+        #: the steps snapshotted, the seconds the training thread spent in them, in all
+        self.snapshots, self.blocked_s = 0, 0.0
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def distributed(self) -> bool:
+        return self.topology.world > 1 and torch_dist.is_available() and torch_dist.is_initialized()
+
+    def _gather(self, obj: Any, what: str) -> list[Any]:
+        return gather_outcomes(obj, self.stager.group(), what) if self.distributed else [obj]
+
+    def begin(self, *, fresh: bool) -> None:
+        """Every rank, once, before the first snapshot or recovery: agree on a run id, check
+        that the node's directory has room for the slots (one line naming the size needed,
+        on every rank), and on a ``fresh`` start remove what an earlier run of this work_dir
+        left (it is never resumed)."""
+        if self._begun:
+            return
+        self._begun = True
+        top = self.topology
+        if top.world > 1 and top.copies < self.config.replicas:
+            if top.rank == 0:
+                self.logger.warning(
+                    "memory_checkpoint replicas=%d, but %d rank(s) a failure domain over %d "
+                    "ranks leave %d other domain(s): keeping %d replica(s); a lost node loses "
+                    "its snapshots",
+                    self.config.replicas,
+                    top.domain_size,
+                    top.world,
+                    top.domains - 1,
+                    top.copies,
+                )
+        run, size = uuid.uuid4().hex[:12], _local_bytes(self._take_state({}))
+        sizes = self._gather((run, size), "starting the memory checkpoint tier")
+        self._run = sizes[0][0]
+        self._check_room([size for _, size in sizes])
+        if fresh:
+            self._remove_earlier_snapshots()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _check_room(self, sizes: list[int]) -> None:
+        """Refuse, on every rank alike, a node whose directory cannot hold the slots of its
+        ranks and of the replicas it keeps."""
+        top = self.topology
+        needed: dict[int, int] = {}
+        for owner, size in enumerate(sizes):
+            holders = {top.domain(owner)} | {
+                top.domain((owner + i * top.domain_size) % top.world)
+                for i in range(1, top.copies + 1)
+            }
+            for domain in holders:
+                needed[domain] = needed.get(domain, 0) + len(SLOTS) * size
+        mine = needed.get(top.domain(), 0)
+        directory = self.root.parent
+        directory.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(directory).free
+        have = self._gather(free, "checking the memory checkpoint directory")
+        short = [
+            (r, needed[top.domain(r)], f)
+            for r, f in enumerate(have)
+            if f < needed.get(top.domain(r), 0) - self._held(r)
+        ]
+        if short:
+            rank, need, free = short[0]
+            raise CheckpointError(
+                f"memory_checkpoint: {directory} on rank {rank}'s node has {free / 2**20:.0f} "
+                f"MiB free; its snapshots need {need / 2**20:.0f} MiB (two slots of each of its "
+                f"ranks' state and of the replicas it keeps; this rank's needs {mine / 2**20:.0f}"
+                " MiB). Give memory_checkpoint a dir with room (dir=...), fewer replicas, or "
+                "more memory to /dev/shm"
+            )
+
+    def _held(self, rank: int) -> int:
+        """Bytes this run's snapshots already take in ``rank``'s node directory (they are
+        replaced, not added to); known here for this rank's node only."""
+        if self.topology.domain(rank) != self.topology.domain() or not self.root.exists():
+            return 0
+        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+
+    def _remove_earlier_snapshots(self) -> None:
+        top = self.topology
+        if top.rank % top.domain_size == 0 and self.root.exists():
+            earlier = list_snapshots(self.root)
+            shutil.rmtree(self.root, ignore_errors=True)
+            if earlier:
+                newest = max(m["step"] for m in earlier)
+                self.logger.warning(
+                    "memory_checkpoint: removed %d snapshot(s) of an earlier run of this "
+                    "work_dir (newest: step %d) from %s: this run starts from scratch "
+                    "(resume=True would have resumed from them)",
+                    len(earlier),
+                    newest,
+                    self.root,
+                )
+        self._gather(None, "clearing the memory checkpoint directory")
+
+    # ------------------------------------------------------------------ snapshots
+    def due(self, step: int) -> bool:
+        """Whether the iteration that ends at ``step`` (counted from 1) is snapshotted."""
+        return step % self.config.interval == 0
+
+    def snapshot(self, step: int, meta: Mapping[str, Any]) -> None:
+        """Snapshot every state at ``step`` (every rank, after the optimizer step): waits
+        for the previous snapshot, takes the state (``meta`` merged into its ``meta``),
+        stages it to host memory and leaves the copy, the write and the replication to a
+        background thread."""
+        start = time.perf_counter()
+        self.begin(fresh=True)
+        self.wait()
+        state = self._take_state(dict(meta, memory_step=step))
+        staged = self.stager.stage(state)
+        del state
+        if not self.snapshots:
+            self._watch(self.stager.wait_for_staging)
+        self._thread = threading.Thread(
+            target=self._write_and_replicate,
+            args=(staged, step),
+            name=f"shardwise-memory:{step}",
+            daemon=True,  # memory snapshots are not waited for at exit: the node keeps them
+        )
+        self._thread.start()
+        self.snapshots += 1
+        self.blocked_s += time.perf_counter() - start
+
+    def wait(self) -> None:
+        """Block until the snapshot in flight is written and replicated; raise its failure."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        self.stager.wait_for_staging()
+        error, self._error = self._error, None
+        if error is not None:
+            raise CheckpointError(
+                f"memory_checkpoint: a snapshot failed on rank {self.topology.rank}: "
+                f"{describe_error(error)}"
+            ) from error
+
+    def _write_and_replicate(self, staged: dict[str, Any], step: int) -> None:
+        try:
+            self.stager.copy_staged()
+            group = self.stager.group() if self.distributed else None
+            slot = self._open_slot(self.topology.rank)
+            written = save_sharded_checkpoint(staged, slot, process_group=group)
+            files = {}
+            for item in written:
+                path = Path(getattr(item, "path", item))
+                files[path.name] = [path.stat().st_size, getattr(item, "checksum", None)]
+            marker = dict(
+                step=step,
+                run=self._run,
+                world=self.topology.world,
+                owner=self.topology.rank,
+                work_dir=self.work_dir,
+                time=time.time(),
+                algorithm=ALGORITHM,
+                files=files,
+            )
+            atomic_write_text(slot / MARKER, json.dumps(marker))
+            if self.distributed and self.topology.copies:
+                self._replicate(slot, marker, group)
+        except BaseException as exc:  # noqa: BLE001 - raised on the training thread
+            self._error = exc
+
+    def _open_slot(self, owner: int) -> Path:
+        """The older of ``owner``'s two slots in this node's directory, emptied (its marker
+        first: from then on it is not a snapshot)."""
+        base = self.root / f"rank{owner}"
+        ages = []  # another run's snapshot (or none) first, then the older step
+        for name in SLOTS:
+            marker = _read_marker(base / name)
+            ours = marker is not None and marker["run"] == self._run
+            ages.append((ours, marker["step"] if ours else -1))
+        slot = base / SLOTS[ages.index(min(ages))]
+        (slot / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(slot, ignore_errors=True)
+        slot.mkdir(parents=True)
+        return slot
+
+    def _replicate(self, slot: Path, marker: dict[str, Any], group: Any) -> None:
+        """Send this rank's snapshot to its replica peers and keep theirs (one exchange per
+        peer: the marker's length, the marker, the files' bytes)."""
+        top = self.topology
+        for dst, src in zip(top.sends_to(), top.receives_from(), strict=True):
+            header = json.dumps(marker).encode()
+            payload = _read_files(slot, marker["files"])
+            lengths = torch.tensor([len(header), payload.numel()], dtype=torch.int64)
+            their = torch.empty(2, dtype=torch.int64)
+            _exchange(lengths, their, dst, src, group)
+            their_header = torch.empty(int(their[0]), dtype=torch.uint8)
+            _exchange(_bytes(header), their_header, dst, src, group)
+            their_payload = torch.empty(int(their[1]), dtype=torch.uint8)
+            _exchange(payload, their_payload, dst, src, group)
+            received = json.loads(bytes(their_header.numpy()))
+            replica = self._open_slot(received["owner"])
+            _write_files(replica, received["files"], their_payload)
+            atomic_write_text(replica / MARKER, json.dumps(received))
+
+    # ------------------------------------------------------------------ recovery
+    def start(self, *, resume: bool, placed: bool) -> Recovered | None:
+        """Where a run starts (every rank): with ``resume``, the newest complete snapshot
+        gathered (:meth:`recover`), else None; a run that does not resume removes what an
+        earlier run of its work_dir left."""
+        if resume:
+            return self.recover(placed=placed)
+        self.begin(fresh=True)
+        return None
+
+    def recover(self, *, placed: bool) -> Recovered | None:
+        """Gather the newest snapshot every owner's part of exists for (collective on every
+        rank); None when memory holds no complete one. ``placed``: the reader reads onto
+        shards (only this rank's owner's and rank 0's files are needed on the same world
+        size); else each rank reads every owner's files."""
+        start = time.perf_counter()
+        self.begin(fresh=False)
+        top = self.topology
+        mine = list_snapshots(self.root)
+        inventories = self._gather(
+            [{k: m[k] for k in ("owner", "step", "run", "world", "files", "time")} for m in mine],
+            "listing the memory snapshots",
+        )
+        chosen = _newest_complete(inventories)
+        if chosen is None:
+            steps = sorted({m["step"] for inv in inventories for m in inv})
+            if top.rank == 0:
+                self.logger.info(
+                    "memory_checkpoint: no complete snapshot in memory%s; resuming from storage",
+                    f" (partial steps: {steps[-3:]})" if steps else "",
+                )
+            return None
+        (run, step, world), holders = chosen
+        needed = range(world)
+        if placed and world == top.world:
+            needed = sorted({top.rank % world, 0})
+        files = {
+            owner: next(
+                m["files"]
+                for inv in inventories
+                for m in inv
+                if (_key(m), m["owner"]) == (chosen[0], owner)
+            )
+            for owner in range(world)
+        }
+        out = self.root / f"recover-rank{top.rank}"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        local = fetched = 0
+        slots = {m["owner"]: Path(m["slot"]) for m in mine if (m["run"], m["step"]) == (run, step)}
+        for owner in needed:
+            if owner in slots:
+                local += _link_files(slots[owner], out, files[owner])
+        plan = _transfer_plan(top.world, world, placed, inventories, chosen[0], holders)
+        group = self.stager.group() if self.distributed else None
+        for receiver, owner, holder in plan:
+            if holder == top.rank:
+                torch_dist.send(_read_files(slots[owner], files[owner]), receiver, group=group)
+            elif receiver == top.rank:
+                payload = torch.empty(sum(s for s, _ in files[owner].values()), dtype=torch.uint8)
+                torch_dist.recv(payload, holder, group=group)
+                _write_files(out, files[owner], payload)
+                fetched += payload.numel()
+        known = {
+            name: {"size": size, ALGORITHM: digest}
+            for owner in needed
+            for name, (size, digest) in files[owner].items()
+        }
+        manifest = build_manifest(out, known=known)
+        atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+        self._gather(None, "gathering the memory snapshot")
+        for m in mine:  # the steps after it were not completed everywhere: never resumed
+            if (m["run"], m["world"]) != (run, world) or m["step"] > step:
+                (Path(m["slot"]) / MARKER).unlink(missing_ok=True)
+        recovered = Recovered(out, step, world, local, fetched, time.perf_counter() - start)
+        self._run = run  # the run goes on: its next snapshots continue the same series
+        return recovered
+
+    def remove(self) -> None:
+        """Remove this run's snapshots from this node (a run that ended)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _key(marker: Mapping[str, Any]) -> tuple[str, int, int]:
+    return (marker["run"], marker["step"], marker["world"])
+
+
+def _newest_complete(
+    inventories: list[list[dict[str, Any]]],
+) -> tuple[tuple[str, int, int], dict[int, list[int]]] | None:
+    """The newest ``(run, step, world)`` every owner's snapshot exists for somewhere, with the
+    ranks holding each owner's (None if there is none)."""
+    holders: dict[tuple[str, int, int], dict[int, list[int]]] = {}
+    newest: dict[tuple[str, int, int], float] = {}
+    for rank, inventory in enumerate(inventories):
+        for m in inventory:
+            key = (m["run"], m["step"], m["world"])
+            holders.setdefault(key, {}).setdefault(m["owner"], []).append(rank)
+            newest[key] = max(newest.get(key, 0.0), m["time"])
+    complete = [k for k, by_owner in holders.items() if set(by_owner) >= set(range(k[2]))]
+    if not complete:
+        return None
+    best = max(complete, key=lambda k: (k[1], newest[k]))
+    return best, holders[best]
+
+
+def _transfer_plan(
+    world: int,
+    saved_world: int,
+    placed: bool,
+    inventories: list[list[dict[str, Any]]],
+    key: tuple[str, int, int],
+    holders: Mapping[int, list[int]],
+) -> list[tuple[int, int, int]]:
+    """``(receiver, owner, holder)`` for every owner's files a rank needs and its node lacks,
+    in one order every rank computes alike (each rank takes its part in that order: every
+    transfer's two ranks reach it, so none waits on another forever)."""
+    plan = []
+    for receiver in range(world):
+        needed = range(saved_world)
+        if placed and saved_world == world:
+            needed = sorted({receiver % saved_world, 0})
+        have = {m["owner"] for m in inventories[receiver] if _key(m) == key}
+        for owner in needed:
+            if owner not in have:
+                plan.append((receiver, owner, min(holders[owner])))
+    return plan
+
+
+def _exchange(send: torch.Tensor, recv: torch.Tensor, dst: int, src: int, group: Any) -> None:
+    works = [
+        torch_dist.isend(send, dst, group=group),
+        torch_dist.irecv(recv, src, group=group),
+    ]
+    for work in works:
+        work.wait()
+
+
+def _bytes(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _read_files(slot: Path, files: Mapping[str, Any]) -> torch.Tensor:
+    """The files' bytes, one after the other, in one tensor."""
+    payload = torch.empty(sum(size for size, _ in files.values()), dtype=torch.uint8)
+    view = memoryview(payload.numpy())
+    offset = 0
+    for name, (size, _) in files.items():
+        with open(slot / name, "rb", buffering=0) as f:
+            got = 0
+            while got < size:
+                n = f.readinto(view[offset + got : offset + size])
+                if not n:
+                    raise CheckpointError(
+                        f"{slot / name} is shorter than the {size} bytes recorded"
+                    )
+                got += n
+        offset += size
+    return payload
+
+
+def _write_files(slot: Path, files: Mapping[str, Any], payload: torch.Tensor) -> None:
+    view = memoryview(payload.numpy())
+    offset = 0
+    for name, (size, _) in files.items():
+        with open(slot / name, "wb") as f:
+            f.write(view[offset : offset + size])
+        offset += size
+
+
+def _link_files(slot: Path, out: Path, files: Mapping[str, Any]) -> int:
+    """Hard links in ``out`` to the slot's files (a copy where links cannot be made); the
+    bytes they hold."""
+    total = 0
+    for name, (size, _) in files.items():
+        try:
+            os.link(slot / name, out / name)
+        except OSError:
+            shutil.copyfile(slot / name, out / name)
+        total += size
+    return total
+
+
+def attach_memory_tier(checkpointer: Any, config: MemoryCheckpoint, world: int) -> MemoryTier:
+    """A :class:`MemoryTier` over ``checkpointer``'s registered states (its ``memory``): a
+    snapshot holds what a save would (the retention lists in ``meta``), fenced like an
+    asynchronous save."""
+
+    def take_state(meta: Mapping[str, Any]) -> dict[str, Any]:
+        kept = (
+            dict(kept_checkpoints=checkpointer.retention.kept)
+            if checkpointer.retention.kept
+            else {}
+        )
+        return checkpointer.state(extra_ckpt=dict(meta={**meta, **kept}))
+
+    def watch(fn: Callable[[], None]) -> None:
+        for state in checkpointer.states.values():
+            hook = getattr(state, "register_pre_change_hook", None)
+            if hook is not None:
+                hook(fn)
+
+    rank = checkpointer.layout.rank
+    tier = MemoryTier(
+        config, take_state, watch, checkpointer.work_dir, rank, world, checkpointer.logger
+    )
+    checkpointer.memory = tier
+    return tier

@@ -1,0 +1,154 @@
+"""The memory tier (``memory_checkpoint``): snapshots in node-local memory every step,
+replicated to the other simulated node, recovered from memory and peers bit for bit."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from shardwise.checkpoint.memory import (
+    MARKER,
+    Topology,
+    list_snapshots,
+    parse_memory_checkpoint,
+)
+from tests.distributed import run_distributed
+from tests.memory_trials import memory_config, memory_loop
+
+
+def _same_run(resumed, reference):
+    for rank, result in enumerate(resumed):
+        for step, loss in result["losses"].items():
+            assert loss == reference[rank]["losses"][step], (rank, step)
+    for key, tensor in resumed[0]["weights"].items():
+        assert (tensor == reference[0]["weights"][key]).all(), key
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted 4-rank run (2 nodes of 2 ranks), 8 steps."""
+    return run_distributed(memory_loop, 4, str(tmp_path_factory.mktemp("reference")), 8)
+
+
+def test_topology_puts_each_replica_on_another_node():
+    top = [Topology(rank, 4, 2, 1) for rank in range(4)]
+    assert [t.sends_to() for t in top] == [[2], [3], [0], [1]]
+    assert [t.receives_from() for t in top] == [[2], [3], [0], [1]]
+    assert Topology(0, 2, 2, 1).copies == 0  # one node: nowhere else to keep a copy
+    assert Topology(0, 6, 2, 5).copies == 2  # at most one copy in each other node
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (dict(interval=0), "interval=0"),
+        (dict(replicas=-1), "replicas=-1"),
+        (dict(intervall=2), "unknown keys ['intervall']"),
+        (dict(failure_domain="rack"), "failure_domain='rack'"),
+        ("yes", "must be a dict"),
+    ],
+)
+def test_bad_memory_checkpoint_values_are_named(value, words):
+    with pytest.raises((TypeError, ValueError), match=None) as info:
+        parse_memory_checkpoint(value)
+    assert words in str(info.value)
+
+
+def test_every_node_keeps_its_ranks_snapshots_and_the_other_nodes_replicas(tmp_path):
+    run_distributed(memory_loop, 4, str(tmp_path), 3)
+    for node in ("node0", "node1"):
+        found = list_snapshots(next((tmp_path / node).iterdir()))
+        assert {m["owner"] for m in found} == {0, 1, 2, 3}  # its own ranks', the other's replicas
+        assert sorted(m["step"] for m in found if m["owner"] == 0) == [2, 3]
+
+
+def test_a_restart_resumes_from_memory_bit_for_bit(tmp_path, reference):
+    run_distributed(memory_loop, 4, str(tmp_path), 5, save_at=(4,))  # storage has step 4
+    resumed = run_distributed(memory_loop, 4, str(tmp_path), 8, resume=True)
+    assert [r["start"] for r in resumed] == [5] * 4
+    assert {r["tier"] for r in resumed} == {"memory"}
+    _same_run(resumed, reference)
+
+
+def test_a_lost_node_is_recovered_from_its_replicas(tmp_path, reference):
+    run_distributed(memory_loop, 4, str(tmp_path), 5)
+    shutil.rmtree(tmp_path / "node1")  # the node and its memory are gone
+    resumed = run_distributed(memory_loop, 4, str(tmp_path), 8, resume=True)
+    assert [r["start"] for r in resumed] == [5] * 4
+    _same_run(resumed, reference)
+
+
+def test_a_half_written_snapshot_is_never_resumed(tmp_path, reference):
+    run_distributed(memory_loop, 4, str(tmp_path), 5)
+    for node in ("node0", "node1"):  # rank 1's step 5 lost its marker everywhere
+        for marker in (tmp_path / node).glob("*/rank1/slot*/" + MARKER):
+            if '"step": 5' in marker.read_text():
+                marker.unlink()
+    resumed = run_distributed(memory_loop, 4, str(tmp_path), 8, resume=True)
+    assert [r["start"] for r in resumed] == [4] * 4
+    _same_run(resumed, reference)
+
+
+def test_a_node_that_does_not_return_continues_on_fewer_ranks(tmp_path):
+    """4 ranks snapshot step 5 and save it to storage; node 1 is lost for good; 2 ranks
+    resume from memory (resharded) with the losses 2 ranks resumed from storage have."""
+    run_distributed(memory_loop, 4, str(tmp_path / "a"), 5, save_at=(5,))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "a" / "node1")
+    from_memory = run_distributed(memory_loop, 2, str(tmp_path / "a"), 8, resume=True)
+    assert [r["start"] for r in from_memory] == [5, 5]
+    assert {r["tier"] for r in from_memory} == {"memory"}
+    shutil.rmtree(tmp_path / "b" / "node0")
+    shutil.rmtree(tmp_path / "b" / "node1")
+    from_storage = run_distributed(memory_loop, 2, str(tmp_path / "b"), 8, resume=True)
+    assert {r["tier"] for r in from_storage} == {"storage"}
+    _same_run(from_memory, from_storage)
+
+
+def test_without_a_complete_snapshot_the_run_falls_back_to_storage(tmp_path, reference):
+    run_distributed(memory_loop, 4, str(tmp_path), 5, save_at=(4,))
+    shutil.rmtree(tmp_path / "node0")  # a node and its replica's holder: both copies of 0, 1
+    shutil.rmtree(tmp_path / "node1")
+    resumed = run_distributed(memory_loop, 4, str(tmp_path), 8, resume=True)
+    assert [r["start"] for r in resumed] == [4] * 4
+    assert {r["tier"] for r in resumed} == {"storage"}
+    _same_run(resumed, reference)
+
+
+def test_a_fresh_run_removes_an_earlier_runs_snapshots(tmp_path):
+    run_distributed(memory_loop, 4, str(tmp_path), 3)
+    fresh = run_distributed(memory_loop, 4, str(tmp_path), 1)  # resume=False
+    assert [r["start"] for r in fresh] == [0] * 4
+    steps = {
+        m["step"]
+        for node in ("node0", "node1")
+        for m in list_snapshots(next((tmp_path / node).iterdir()))
+    }
+    assert steps == {1}
+
+
+def test_two_runs_on_one_machine_keep_their_snapshots_apart(tmp_path):
+    memory = memory_config(str(tmp_path / "shm"))
+    run_distributed(memory_loop, 2, str(tmp_path / "a"), 3, memory=memory, ranks_per_node=1)
+    run_distributed(memory_loop, 2, str(tmp_path / "b"), 2, memory=memory, ranks_per_node=1)
+    runs = sorted((tmp_path / "shm" / "node0").iterdir())
+    assert len(runs) == 2
+    assert {max(m["step"] for m in list_snapshots(run)) for run in runs} == {2, 3}
+
+
+def test_too_little_memory_is_one_line_before_training(tmp_path):
+    import torch
+
+    from shardwise.checkpoint.files import CheckpointError
+    from shardwise.checkpoint.memory import MemoryTier
+
+    config = parse_memory_checkpoint(memory_config(str(tmp_path)))
+    huge = {"state_dict": {"w": torch.empty(2**44, device="meta")}}  # 64 TiB, never allocated
+    tier = MemoryTier(config, lambda meta: huge, lambda fn: None, tmp_path, 0, 1)
+    with pytest.raises(CheckpointError) as info:
+        tier.begin(fresh=True)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "131072 GiB" in message or "MiB" in message
+    assert "dir=" in message
