@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 NPROC  ?= 2
 
-.PHONY: install test-install train test test-quick test-slow lint bench gpu-check clean
+.PHONY: install test-install openmmlab train test test-quick test-slow lint bench gpu-check clean
 
 # The install step pins torch first: an unpinned `torch` would pull the CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -25,8 +25,17 @@ $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
 	$(PIP) install --quiet -e '.[test,all]' $(TORCH)
 	touch $@
 
+# OpenMMLab beside shardwise (README, "Training an OpenMMLab project"): mmengine 0.10.7, mmcv-lite
+# 2.2.0 (mmcv without its compiled ops; the full mmcv does not build on torch 2.13), mmpretrain 1.2.0,
+# torchvision 0.28.0, into the venv, the venv's torch kept; where pip's torchvision is another build
+# than torch (CUDA beside the CPU torch), its compiled ops are removed (tools/openmmlab_env.sh says why).
+$(VENV)/.openmmlab: $(VENV)/.installed tools/openmmlab_env.sh
+	PYTHON=$(PY) bash tools/openmmlab_env.sh
+	touch $@
+
 install: $(VENV)/.installed
 test-install: $(VENV)/.test-installed
+openmmlab: $(VENV)/.openmmlab
 
 # The main job: a character-level GPT on the standard library's source, FSDP2 on 2 CPU ranks.
 train: install
