@@ -63,7 +63,9 @@ __all__ = [
     "protocol_of",
     "read_object",
     "read_ranges",
+    "restore_storage_options",
     "retried",
+    "saved_storage_options",
     "set_storage_options",
     "spool_directory",
     "storage_options",
@@ -197,6 +199,17 @@ def set_storage_options(prefix: str, options: Mapping[str, Any] | None) -> None:
         _OPTIONS.pop(prefix, None)
     else:
         _OPTIONS[prefix] = dict(options)
+
+
+def saved_storage_options() -> dict[str, dict[str, Any]]:
+    """Every prefix's options as they are now, for :func:`restore_storage_options`."""
+    return {prefix: dict(options) for prefix, options in _OPTIONS.items()}
+
+
+def restore_storage_options(saved: Mapping[str, Mapping[str, Any]]) -> None:
+    """Put back the options :func:`saved_storage_options` returned (and only those)."""
+    _OPTIONS.clear()
+    _OPTIONS.update({prefix: dict(options) for prefix, options in saved.items()})
 
 
 def storage_options(url: str) -> dict[str, Any]:

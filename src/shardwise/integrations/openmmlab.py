@@ -49,6 +49,8 @@ __all__ = [
     "mmengine_config",
     "mmengine_registry",
     "package_entry",
+    "restore_mmengine_instances",
+    "saved_mmengine_instances",
     "worker_init_fn",
 ]
 
@@ -206,3 +208,53 @@ def log_to(log_file: str, log_level: str | int = "INFO") -> None:
             if not isinstance(handler, logging.FileHandler):
                 handler.setLevel(logging.WARNING)
     MMLogger.get_instance(name)  # the current instance
+
+
+# --------------------------------------------------------------------------- mmengine's globals
+
+
+def _managed_classes() -> list[type]:
+    """mmengine's classes that keep instances by name (``ManagerMixin``: ``DefaultScope``,
+    ``MMLogger``, ``MessageHub``, ``Visualizer`` and a package's subclasses), each with its
+    own ``_instance_dict``; none when mmengine has not been imported."""
+    if "mmengine" not in sys.modules:
+        return []
+    try:
+        from mmengine.utils import ManagerMixin
+    except ImportError:
+        return []
+    found, pending = [], [ManagerMixin]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if "_instance_dict" in vars(cls):
+            found.append(cls)
+    return found
+
+
+def saved_mmengine_instances() -> dict[type, dict[str, Any]]:
+    """The instances mmengine keeps by name, per class, as they are now (its default scope,
+    its loggers and the current one...), for :func:`restore_mmengine_instances`."""
+    return {cls: dict(cls._instance_dict) for cls in _managed_classes()}
+
+
+def restore_mmengine_instances(saved: dict[type, dict[str, Any]]) -> None:
+    """Put back what :func:`saved_mmengine_instances` returned: a class it did not know yet
+    (mmengine imported since) is left with no instances. The file handlers of a logger
+    dropped are closed (reopened, appending, if the logger is put back later)."""
+    for cls in _managed_classes():
+        kept = saved.get(cls, {})
+        for name, instance in list(cls._instance_dict.items()):
+            if kept.get(name) is not instance and isinstance(instance, logging.Logger):
+                close_file_handlers(instance, keep=())
+        cls._instance_dict.clear()
+        cls._instance_dict.update(kept)
+
+
+def close_file_handlers(logger: logging.Logger, keep: Any) -> None:
+    """Close the file handlers of ``logger`` not in ``keep``; one that is used again reopens
+    its file, appending."""
+    for handler in logger.handlers:
+        if isinstance(handler, logging.FileHandler) and handler not in keep:
+            handler.close()
+            handler.mode = "a"

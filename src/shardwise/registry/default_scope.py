@@ -77,6 +77,18 @@ class DefaultScope:
         return name in cls._instance_dict
 
     @classmethod
+    def saved_instances(cls) -> OrderedDict[str, DefaultScope]:
+        """The instances as they are now, for :meth:`restore_instances`."""
+        with cls._lock:
+            return cls._instance_dict.copy()
+
+    @classmethod
+    def restore_instances(cls, saved: OrderedDict[str, DefaultScope]) -> None:
+        """Put back the instances :meth:`saved_instances` returned (the current one with them)."""
+        with cls._lock:
+            cls._instance_dict = saved.copy()
+
+    @classmethod
     @contextmanager
     def overwrite_default_scope(cls, scope_name: str | None) -> Iterator[None]:
         """Make ``scope_name`` the current scope inside the block (no change for None)."""

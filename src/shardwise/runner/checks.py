@@ -93,8 +93,12 @@ def check_config(
             f"default_scope={scope!r}: expected the name of a registry scope, e.g. "
             "default_scope='mmpretrain'"
         )
-    with DefaultScope.overwrite_default_scope(scope):
-        _check_config(cfg, world_size, local_world_size)
+    mmengine_before = openmmlab.saved_mmengine_instances()  # a lookup may set its scope
+    try:
+        with DefaultScope.overwrite_default_scope(scope):
+            _check_config(cfg, world_size, local_world_size)
+    finally:
+        openmmlab.restore_mmengine_instances(mmengine_before)
 
 
 def _check_config(

@@ -70,6 +70,7 @@ from .log_processor import LogProcessor
 from .loops import EpochBasedTrainLoop, IterBasedTrainLoop, TestLoop, ValLoop
 from .message_hub import MessageHub
 from .priority import Priority
+from .run_globals import creating_run_globals, restoring_globals
 from .steps import eval_step, parse_losses, train_step
 
 __all__ = ["Runner", "parse_losses", "DEFAULT_HOOKS"]
@@ -115,6 +116,7 @@ class Runner(RunnerCheckpoints):
             OpenMMLab package's: ``'mmpretrain'``); data_preprocessor: the model config's.
     """
 
+    @creating_run_globals
     def __init__(
         self,
         model: nn.Module | Mapping[str, Any],
@@ -233,27 +235,11 @@ class Runner(RunnerCheckpoints):
         cls.check_cfg(cfg)
         return cls(**runner_kwargs(cfg))
 
-    @staticmethod
-    def check_cfg(
-        cfg: Config | Mapping[str, Any],
-        *,
-        world_size: int | None = None,
-        local_world_size: int | None = None,
-        strict_keys: bool = False,
-    ) -> None:
-        """Refuse a config that cannot train, naming the key, the value, what was expected
-        and the fix (:func:`~shardwise.runner.checks.check_config`; the sizes are those of
-        the run to be launched, default this process's; ``strict_keys``: a near miss of a
-        key the Runner reads, ``train_cgf``, is an error, not a warning).
-
-        Cheap and side-effect free: ``shardwise train`` runs it before launching processes.
-        """
-        check_config(
-            cfg,
-            world_size=world_size,
-            local_world_size=local_world_size,
-            strict_keys=strict_keys,
-        )
+    #: Refuse a config that cannot train, naming the key, the value, what was expected and the
+    #: fix (:func:`~shardwise.runner.checks.check_config`; ``world_size``, ``local_world_size``:
+    #: the run's to be launched, ``strict_keys``). Side-effect free: ``shardwise train`` runs it
+    #: before launching processes.
+    check_cfg = staticmethod(check_config)
 
     def build_strategy(self, strategy: Any, **runner_settings: Any) -> BaseStrategy:
         """The strategy, or one built from its config with the runner's settings as defaults
@@ -429,6 +415,7 @@ class Runner(RunnerCheckpoints):
         self.model = prepared[0] if isinstance(prepared, list) else prepared
 
     # ------------------------------------------------------------------ train / val / test
+    @restoring_globals
     def train(self) -> nn.Module:
         """Train as configured; returns the (wrapped) model."""
         if self._train_cfg is None:
@@ -468,6 +455,7 @@ class Runner(RunnerCheckpoints):
         self._initialize_accumulation()
         self.train_loop.run()
 
+    @restoring_globals
     def val(self) -> dict[str, Any]:
         """One validation pass (after loading the checkpoint ``load_from`` or ``resume``
         names); returns the metrics."""
@@ -480,6 +468,7 @@ class Runner(RunnerCheckpoints):
         self._prepare_model()
         return self._run(self.val_loop.run)
 
+    @restoring_globals
     def test(self) -> dict[str, Any]:
         """One pass over the test data (after loading the checkpoint ``load_from`` or
         ``resume`` names); returns the metrics.

@@ -102,6 +102,16 @@ class Visualizer:
         return found if found is not None else cls(name=name, **kwargs)
 
     @classmethod
+    def saved_instances(cls) -> tuple[dict[str, Visualizer], Visualizer | None]:
+        """The instances and the current one as they are now, for :meth:`restore_instances`."""
+        return dict(Visualizer._instances), Visualizer._current
+
+    @classmethod
+    def restore_instances(cls, saved: tuple[dict[str, Visualizer], Visualizer | None]) -> None:
+        """Put back what :meth:`saved_instances` returned."""
+        Visualizer._instances, Visualizer._current = dict(saved[0]), saved[1]
+
+    @classmethod
     def get_current_instance(cls) -> Visualizer:
         """The latest instance built (mmengine's way for code without the runner)."""
         if cls._current is None:
