@@ -60,7 +60,11 @@ def globals_now() -> dict:
     """What a run could leave behind in the process."""
     state = {
         "shardwise_scope": [s.scope_name for s in DefaultScope._instance_dict.values()],
-        "shardwise_logger": _files(logging.getLogger("shardwise")),
+        "shardwise_log_files": [
+            h.baseFilename
+            for h in logging.getLogger("shardwise").handlers
+            if isinstance(h, logging.FileHandler)
+        ],
         "root_logger": _files(logging.getLogger()),
         "storage_options": storage_options(f"{OUT_DIR}/x"),
         "visualizers": sorted(Visualizer._instances),

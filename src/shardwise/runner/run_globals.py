@@ -3,12 +3,13 @@ notebook, a sweep, a test suite) see nothing of each other.
 
 A run sets, for itself: shardwise's default scope and mmengine's (a registry lookup into an
 OpenMMLab package makes it mmengine's, as mmengine's Runner does), the ``shardwise`` logger's
-file handler, mmengine's ``MMLogger`` writing into the run's log file (and so every instance
-mmengine keeps by name), the current visualizer, and the storage options of a
-``CheckpointHook``'s ``out_dir``. :class:`RunGlobals` records them as they were when the Runner
-was created; when ``train()``, ``val()`` or ``test()`` ends (or the Runner's construction
-fails) it puts them back, keeping the run's own to set again if the Runner is used once more
-(``test()`` after ``train()``).
+file handler (its console handler stays: ``runner.logger`` still prints after ``train()``),
+mmengine's ``MMLogger`` writing into the run's log file (and so every instance mmengine keeps
+by name), the current visualizer, and the storage options of a ``CheckpointHook``'s
+``out_dir``. :class:`RunGlobals` records them as they were when the Runner was created; when
+``train()``, ``val()`` or ``test()`` ends (or the Runner's construction fails) it puts them
+back, keeping the run's own to set again if the Runner is used once more (``test()`` after
+``train()``).
 
 Example::
 
@@ -44,8 +45,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class _Globals:
     scopes: Any
     storage: dict[str, dict[str, Any]]
-    handlers: list[logging.Handler]
-    level: int
+    files: list[logging.Handler]  # the logger's file handlers (its console one stays)
     visualizers: Any
     mmengine: dict[type, dict[str, Any]]
 
@@ -55,8 +55,7 @@ class _Globals:
         return cls(
             scopes=DefaultScope.saved_instances(),
             storage=saved_storage_options(),
-            handlers=list(logger.handlers),
-            level=logger.level,
+            files=[h for h in logger.handlers if isinstance(h, logging.FileHandler)],
             visualizers=Visualizer.saved_instances(),
             mmengine=openmmlab.saved_mmengine_instances(),
         )
@@ -65,9 +64,9 @@ class _Globals:
         DefaultScope.restore_instances(self.scopes)
         restore_storage_options(self.storage)
         logger = logging.getLogger(_LOGGER)
-        openmmlab.close_file_handlers(logger, keep=self.handlers)
-        logger.handlers = list(self.handlers)
-        logger.setLevel(self.level)
+        openmmlab.close_file_handlers(logger, keep=self.files)
+        others = [h for h in logger.handlers if not isinstance(h, logging.FileHandler)]
+        logger.handlers = others + self.files
         Visualizer.restore_instances(self.visualizers)
         openmmlab.restore_mmengine_instances(self.mmengine)
 
