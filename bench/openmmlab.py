@@ -3,8 +3,8 @@
 The config: the child of the corpus's ``mmpretrain/configs/resnet/resnet18_8xb16_cifar10.py``
 that ``tests/test_openmmlab.py`` trains (ResNet-18, CIFAR-10's pipeline with 2 worker
 processes, SGD with momentum, batch 16), on a generated folder of 32-pixel images (3 classes),
-with mmpretrain 1.2.0 on mmcv-lite 2.2.0 (``tests/openmmlab_support.build_env``, which runs the
-project's ``openmmlab_env.sh`` once into ``.openmmlab/env``).
+with mmpretrain 1.2.0 on mmcv-lite 2.2.0 (``tests/openmmlab_support.build_env``, which runs
+``tools/openmmlab_env.sh`` once into ``.openmmlab/env``).
 
 - ``one_process``: ``shardwise train CONFIG`` against mmengine's
   ``Runner.from_cfg(cfg).train()`` on one process each (one intra-op thread), in fresh

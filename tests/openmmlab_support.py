@@ -1,5 +1,5 @@
 """Real OpenMMLab model code for the tests and the bench: mmpretrain 1.2.0 on mmcv-lite 2.2.0,
-built once by the project's ``../shared/tools/openmmlab_env.sh`` into ``.openmmlab/env`` (git
+built once by ``tools/openmmlab_env.sh`` (``make openmmlab``'s script) into ``.openmmlab/env`` (git
 ignores it), child configs of the corpus's mmpretrain configs on generated image folders, and
 the two ways to train them: mmengine's ``Runner`` (the oracle) and ``shardwise train``.
 
@@ -24,7 +24,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SHARDWISE_SHARED", REPO.parent / "shared"))
-TOOL = SHARED / "tools" / "openmmlab_env.sh"
+TOOL = REPO / "tools" / "openmmlab_env.sh"  # `make openmmlab`'s script, into a folder here
 CORPUS = SHARED / "corpus" / "openmmlab-configs" / "mmpretrain" / "configs"
 ENV_DIR = REPO / ".openmmlab" / "env"
 
@@ -152,9 +152,9 @@ class Record:
 
 def build_env() -> tuple[Path | None, str]:
     """The OpenMMLab folder for ``PYTHONPATH`` (built once, while the tool's text is the
-    same), or None with the reason it cannot be had here."""
-    if not TOOL.is_file():
-        return None, f"{TOOL} is not here (the shared folder; set SHARDWISE_SHARED)"
+    same), or None with the reason it cannot be had here (the children's corpus included)."""
+    if not CORPUS.is_dir():
+        return None, f"{CORPUS} is not here (the shared corpus; set SHARDWISE_SHARED)"
     stamp = hashlib.sha256(TOOL.read_bytes()).hexdigest()
     ready = ENV_DIR / ".ready"
     ENV_DIR.parent.mkdir(exist_ok=True)
@@ -172,7 +172,7 @@ def build_env() -> tuple[Path | None, str]:
         )
         if proc.returncode != 0:
             tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-            return None, f"openmmlab_env.sh could not build mmpretrain here: {tail}"
+            return None, f"tools/openmmlab_env.sh could not build mmpretrain here: {tail}"
         ready.write_text(stamp)
     return ENV_DIR, ""
 

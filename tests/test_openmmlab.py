@@ -9,9 +9,9 @@ scheduler and hook) resolves under its
 losses and metrics, and resumes bit-exactly; a config that names no OpenMMLab class never
 imports mmengine.
 
-Slow suite, with mmpretrain 1.2.0 on mmcv-lite 2.2.0 (``../shared/tools/openmmlab_env.sh``,
-built once into ``.openmmlab/env``; skipped where it cannot be built or the shared folder is
-absent): child configs of the corpus's ResNet-18, DeiT-tiny and MobileNetV3 configs on
+Slow suite, with mmpretrain 1.2.0 on mmcv-lite 2.2.0 (``tools/openmmlab_env.sh``, built once
+into ``.openmmlab/env``; skipped where it cannot be built or the shared corpus is absent): child
+configs of the corpus's ResNet-18, DeiT-tiny and MobileNetV3 configs on
 generated images give mmengine's Runner's losses and accuracy on one process; under DDP-2 and
 FSDP-2 ResNet-18 trains, resumes bit-exactly, and its checkpoint loads into mmpretrain with
 mmengine's ``load_checkpoint``.
