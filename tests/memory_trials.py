@@ -106,6 +106,11 @@ def memory_loop(
 
 
 # ---------------------------------------------------------------------- the kill trials
+def killed_loop(root: str, steps: int, report: str) -> None:
+    """A rank of a run that is killed: steps reported as they end, a little apart."""
+    memory_loop(root, steps, report=report, delay=0.01)
+
+
 @dataclass
 class MemoryOutcome:
     seed: int
@@ -147,7 +152,7 @@ def run_memory_trial(
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     report = root / "report"
-    with Ranks(memory_loop, 4, str(root), steps, report=str(report), delay=0.01) as ranks:
+    with Ranks(killed_loop, 4, str(root), steps, str(report)) as ranks:
         deadline = time.monotonic() + 120
         while _reports(report).get(0, 0) < outcome.after and time.monotonic() < deadline:
             if not all(ranks.alive()):

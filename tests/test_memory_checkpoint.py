@@ -145,10 +145,36 @@ def test_too_little_memory_is_one_line_before_training(tmp_path):
 
     config = parse_memory_checkpoint(memory_config(str(tmp_path)))
     huge = {"state_dict": {"w": torch.empty(2**44, device="meta")}}  # 64 TiB, never allocated
-    tier = MemoryTier(config, lambda meta: huge, lambda fn: None, tmp_path, 0, 1)
+    tier = MemoryTier(config, lambda meta: huge, lambda *fns: None, tmp_path, 0, 1)
     with pytest.raises(CheckpointError) as info:
         tier.begin(fresh=True)
     message = str(info.value)
     assert "\n" not in message
     assert "131072 GiB" in message or "MiB" in message
     assert "dir=" in message
+
+
+def test_shardwise_train_restarts_a_killed_worker_from_memory(tmp_path):
+    """Real ``shardwise train`` on 2 ranks (torchrun, ``--max-restarts 1``): rank 1 dies after
+    iteration 7; the restart resumes from the memory snapshot of iteration 6 (storage has
+    iteration 4) and ends with the losses of an uninterrupted run."""
+    from tests.test_cli_train import TINY, losses, ok, train
+
+    config = tmp_path / "tiny.py"
+    config.write_text(TINY + "strategy = dict(type='DDPStrategy', memory_checkpoint=dict())\n")
+    two = ("--nproc-per-node", "2")
+    env = dict(SHARDWISE_MEMORY_DIR=str(tmp_path / "shm"))
+    ok(train(str(config), tmp_path / "whole", *two, env=env))
+    proc = ok(
+        train(
+            str(config),
+            tmp_path / "work",
+            *two,
+            "--max-restarts",
+            "1",
+            env=dict(env, CRASH_AT="7"),
+        )
+    )
+    assert "Restart 1: resuming from the newest snapshot in memory" in proc.stdout
+    assert "Resuming from the memory snapshot of step 6" in proc.stdout, proc.stdout[-3000:]
+    assert losses(tmp_path / "work")[-3:] == losses(tmp_path / "whole")[-3:]

@@ -537,7 +537,7 @@ class Checkpointer:
             placed = self._layout("resume()").placement is not None
             recovered = self.memory.start(resume=resume is True and not weights_only, placed=placed)
             if recovered is not None:
-                return recovered.resume(resume_with or self.resume, self.retention)
+                return recovered.resume(resume_with or self.resume, self.retention, self.logger)
         resume_from, weights_from = where_to_start(
             self.work_dir, load_from=load_from, resume=resume
         )

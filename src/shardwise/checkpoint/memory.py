@@ -173,10 +173,12 @@ class Recovered:
     fetched_bytes: int  # received from peers
     seconds: float
 
-    def resume(self, resume: Callable[[str], dict[str, Any]], retention: Any) -> dict[str, Any]:
+    def resume(
+        self, resume: Callable[[str], dict[str, Any]], retention: Any, log: logging.Logger
+    ) -> dict[str, Any]:
         """``resume(path)``, then the gathered files removed and the retention lists the
         snapshot recorded taken over; the checkpoint's other entries."""
-        logger.info(
+        log.info(
             "Resuming from the memory snapshot of step %d (written by %d ranks): %.1f MB from "
             "this node's memory, %.1f MB from peers, gathered in %.2f s",
             self.step,
@@ -246,7 +248,10 @@ class MemoryTier:
     Args:
         config: the parsed ``memory_checkpoint``.
         take_state: the checkpoint dict of every registered state (``meta`` merged in).
-        watch: registers a function every state calls before changing its saved tensors.
+        watch: ``watch(staged, durable)`` registers ``durable`` to run before each optimizer
+            step (the previous snapshot is then in memory and replicated: a crash loses at
+            most ``interval`` steps) and ``staged`` before any other change of a saved tensor
+            (a forward that updates buffers: the snapshot's copy of them is taken).
         work_dir: the run's work_dir (its snapshots are kept apart from other runs').
         rank, world: this process's place.
     """
@@ -255,7 +260,7 @@ class MemoryTier:
         self,
         config: MemoryCheckpoint,
         take_state: Callable[[Mapping[str, Any]], dict[str, Any]],
-        watch: Callable[[Callable[[], None]], None],
+        watch: Callable[[Callable[[], None], Callable[[], None]], None],
         work_dir: Any,
         rank: int,
         world: int,
@@ -378,10 +383,10 @@ class MemoryTier:
         return step % self.config.interval == 0
 
     def snapshot(self, step: int, meta: Mapping[str, Any]) -> None:
-        """Snapshot every state at ``step`` (every rank, after the optimizer step): waits
-        for the previous snapshot, takes the state (``meta`` merged into its ``meta``),
-        stages it to host memory and leaves the copy, the write and the replication to a
-        background thread."""
+        """Snapshot every state at ``step`` (every rank, after the optimizer step): takes the
+        state (``meta`` merged into its ``meta``), stages it to host memory and leaves the
+        copy, the write and the replication to a background thread, which the next optimizer
+        step waits for."""
         start = time.perf_counter()
         self.begin(fresh=True)
         self.wait()
@@ -389,7 +394,7 @@ class MemoryTier:
         staged = self.stager.stage(state)
         del state
         if not self.snapshots:
-            self._watch(self.stager.wait_for_staging)
+            self._watch(self.stager.wait_for_staging, self.wait)
         self._thread = threading.Thread(
             target=self._write_and_replicate,
             args=(staged, step),
@@ -658,8 +663,9 @@ def _link_files(slot: Path, out: Path, files: Mapping[str, Any]) -> int:
 
 def attach_memory_tier(checkpointer: Any, config: MemoryCheckpoint, world: int) -> MemoryTier:
     """A :class:`MemoryTier` over ``checkpointer``'s registered states (its ``memory``): a
-    snapshot holds what a save would (the retention lists in ``meta``), fenced like an
-    asynchronous save."""
+    snapshot holds what a save would (the retention lists in ``meta``); the next optimizer
+    step waits until it is written and replicated, a forward that updates buffers until it
+    is copied."""
 
     def take_state(meta: Mapping[str, Any]) -> dict[str, Any]:
         kept = (
@@ -669,11 +675,11 @@ def attach_memory_tier(checkpointer: Any, config: MemoryCheckpoint, world: int) 
         )
         return checkpointer.state(extra_ckpt=dict(meta={**meta, **kept}))
 
-    def watch(fn: Callable[[], None]) -> None:
-        for state in checkpointer.states.values():
+    def watch(staged: Callable[[], None], durable: Callable[[], None]) -> None:
+        for key, state in checkpointer.states.items():
             hook = getattr(state, "register_pre_change_hook", None)
             if hook is not None:
-                hook(fn)
+                hook(durable if key == "optimizer" else staged)
 
     rank = checkpointer.layout.rank
     tier = MemoryTier(

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from shardwise import dist, launch_env
+from shardwise.checkpoint.memory import parse_memory_checkpoint
 from shardwise.checkpoint.retention import check_max_keep_ckpts
 from shardwise.env import set_multi_processing, set_resource_limit
 from shardwise.optim import (
@@ -122,6 +123,7 @@ def check_base_kwargs(kwargs: Mapping[str, Any]) -> None:
     check_flags(**{k: kwargs[k] for k in ("async_save", "verify_checksums") if k in kwargs})
     check_max_keep_ckpts(kwargs.get("max_keep_ckpts", -1))
     check_auto_scale_lr(kwargs.get("auto_scale_lr"))
+    parse_memory_checkpoint(kwargs.get("memory_checkpoint"))
     for name in ("env_kwargs", "log_kwargs"):
         if not isinstance(kwargs.get(name) or {}, Mapping):
             raise TypeError(f"{name} must be a dict, got {kwargs[name]!r}")
