@@ -178,3 +178,28 @@ def test_shardwise_train_restarts_a_killed_worker_from_memory(tmp_path):
     assert "Restart 1: resuming from the newest snapshot in memory" in proc.stdout
     assert "Resuming from the memory snapshot of step 6" in proc.stdout, proc.stdout[-3000:]
     assert losses(tmp_path / "work")[-3:] == losses(tmp_path / "whole")[-3:]
+
+
+def test_ckpt_inspect_lists_a_nodes_memory_snapshots(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    run_distributed(memory_loop, 4, str(tmp_path), 3)
+    node = tmp_path / "node0"
+
+    def inspect(*args):
+        cmd = [sys.executable, "-m", "shardwise.cli", "ckpt", "inspect", *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    summary = json.loads(inspect(str(node), "--json"))
+    (run,) = summary["runs"]
+    assert run["work_dir"] == str(tmp_path / "work")
+    assert {(row["owner"], row["step"]) for row in run["snapshots"]} == {
+        (owner, step) for owner in range(4) for step in (2, 3)
+    }
+    assert run["complete_here"] == [2, 3]  # its own ranks' and the replicas of the others
+    text = inspect(str(node))
+    assert "memory snapshots" in text and "complete on this node alone: steps [2, 3]" in text

@@ -57,7 +57,12 @@ def add_ckpt_parser(sub: argparse._SubParsersAction) -> None:
         "epoch/iter as meta records them, the device mesh it was saved from), its tensors' "
         "totals by state and dtype and its 10 largest tensors; with --tensors every model and "
         "optimizer tensor's shape and dtype (and a model tensor's placements on the mesh). "
-        "Read from the checkpoint's metadata only.",
+        "Read from the checkpoint's metadata only. A memory_checkpoint directory (e.g. "
+        "/dev/shm/shardwise): each run's snapshots on this node, by owner rank and step.",
+    )
+    inspect.add_argument(
+        "path",
+        help="a checkpoint file or directory, a .safetensors file, or a memory_checkpoint dir",
     )
     inspect.add_argument("path", help="a checkpoint file or directory, or a .safetensors file")
     inspect.add_argument(
@@ -144,9 +149,14 @@ def _inspect(args: argparse.Namespace) -> int:
     try:
         with local_checkpoint(args.path) as path:
             summary = inspect_checkpoint(path)
+    from .memory import format_memory, inspect_memory
     except (FileNotFoundError, ValueError) as exc:
         return _error("inspect", exc, _BAD_INPUT)
     except CheckpointError as exc:
+    memory = None if is_url(args.path) else inspect_memory(args.path)
+    if memory is not None:  # a memory_checkpoint directory: its snapshots on this node
+        print(json.dumps(memory, indent=2) if args.json else format_memory(memory))
+        return 0
         return _error("inspect", exc, _DAMAGED)
     if is_url(args.path):
         summary["path"] = args.path

@@ -66,6 +66,8 @@ __all__ = [
     "Recovered",
     "Topology",
     "attach_memory_tier",
+    "format_memory",
+    "inspect_memory",
     "list_snapshots",
     "parse_memory_checkpoint",
 ]
@@ -226,6 +228,71 @@ def list_snapshots(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
         if marker is not None:
             found.append(marker)
     return found
+
+
+def inspect_memory(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What ``shardwise ckpt inspect`` says of a memory directory (``dir``, one run's
+    directory in it, or a slot): each run's snapshots on this node, by owner rank, and the
+    steps whose every owner's snapshot is here; None when ``path`` holds no snapshot."""
+    path = Path(path)
+    if (path / MARKER).is_file():
+        runs = [path.parent.parent]
+    elif list(path.glob("rank*/slot*")):
+        runs = [path]
+    else:
+        runs = sorted(p for p in path.glob("run-*") if p.is_dir())
+    described = []
+    for run in runs:
+        snapshots = list_snapshots(run)
+        if (path / MARKER).is_file():
+            snapshots = [m for m in snapshots if Path(m["slot"]) == path]
+        if not snapshots:
+            continue
+        rows = [
+            dict(
+                owner=m["owner"],
+                step=m["step"],
+                world=m["world"],
+                run=m["run"],
+                slot=Path(m["slot"]).name,
+                bytes=sum(size for size, _ in m["files"].values()),
+                age_s=round(time.time() - m["time"], 1),
+            )
+            for m in sorted(snapshots, key=lambda m: (m["owner"], m["step"]))
+        ]
+        by_step: dict[tuple[str, int, int], set[int]] = {}
+        for m in snapshots:
+            by_step.setdefault(_key(m), set()).add(m["owner"])
+        complete = sorted(k[1] for k, owners in by_step.items() if owners >= set(range(k[2])))
+        described.append(
+            dict(
+                directory=str(run),
+                work_dir=snapshots[0].get("work_dir"),
+                snapshots=rows,
+                complete_here=complete,
+            )
+        )
+    return dict(format="memory", path=str(path), runs=described) if described else None
+
+
+def format_memory(summary: Mapping[str, Any]) -> str:
+    """:func:`inspect_memory`'s summary as text."""
+    lines = [f"{summary['path']}: memory snapshots (memory_checkpoint)"]
+    for run in summary["runs"]:
+        lines.append(f"  {run['directory']} (work_dir {run['work_dir']})")
+        lines.append("    owner  step  world  slot   size        age  run")
+        for row in run["snapshots"]:
+            lines.append(
+                f"    {row['owner']:>5}  {row['step']:>4}  {row['world']:>5}  {row['slot']}  "
+                f"{row['bytes'] / 2**20:>7.1f} MiB  {row['age_s']:>6.0f} s  {row['run']}"
+            )
+        complete = run["complete_here"]
+        lines.append(
+            f"    complete on this node alone: steps {complete}"
+            if complete
+            else "    no step is complete on this node alone (a recovery adds the peers' copies)"
+        )
+    return "\n".join(lines)
 
 
 def _local_bytes(state: Any) -> int:
