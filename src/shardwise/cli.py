@@ -296,7 +296,8 @@ def entry() -> NoReturn:
     finished and the ``atexit`` handlers have run (the wait for asynchronous saves among
     them), the process leaves without the interpreter's teardown: gloo's threads may still
     be destroyed then and abort a successful run ("terminate called without an active
-    exception", pytorch#179291).
+    exception", pytorch#179291). So does a launcher whose workers were stopped by Ctrl-C
+    (the teardown of torchrun's objects takes seconds there).
     """
     try:
         code = main()
@@ -305,10 +306,16 @@ def entry() -> NoReturn:
             raise
         code = exc.code
     commands = sys.modules.get("shardwise.runner.commands")  # imported if train ran
-    if not getattr(commands, "TORE_DOWN_PROCESS_GROUP", False):
+    if not any(getattr(commands, flag, False) for flag in ("TORE_DOWN_PROCESS_GROUP", "STOPPED")):
         sys.exit(code)
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
+    except KeyboardInterrupt:  # Ctrl-C outside training (which stops after its step)
+        if os.environ.get("RANK", "0") == "0":
+            print("shardwise: interrupted (Ctrl-C); exit code 130", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # at once: no teardown of a process group that may be half set up
             thread.join()
     atexit._run_exitfuncs()
     sys.stdout.flush()

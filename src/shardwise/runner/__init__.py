@@ -9,10 +9,12 @@ from shardwise.env import set_random_seed
 from .data import ResumableSampler, build_dataloader, pseudo_collate, seed_worker, start_epoch
 from .evaluator import Accuracy, BaseMetric, Evaluator, MeanLoss, build_evaluator
 from .hooks import (
+    INTERRUPTED_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     CheckpointHook,
     DistSamplerSeedHook,
     Hook,
+    Interrupted,
     IterTimerHook,
     LoggerHook,
     ParamSchedulerHook,
@@ -51,6 +53,8 @@ __all__ = [
     "PreemptionHook",
     "Preempted",
     "PREEMPTED_EXIT_CODE",
+    "Interrupted",
+    "INTERRUPTED_EXIT_CODE",
     "Priority",
     "get_priority",
     "MessageHub",

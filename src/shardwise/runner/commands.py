@@ -22,6 +22,8 @@ from shardwise.checkpoint.storage import absolute, check_storage, exists, is_url
 
 #: Set once ``train`` has torn its process group down (see :func:`shardwise.cli.entry`).
 TORE_DOWN_PROCESS_GROUP = False
+#: Set once the workers that ``train`` launched were stopped by Ctrl-C (ditto).
+STOPPED = False
 
 __all__ = ["train", "load_train_config"]
 
@@ -306,6 +308,7 @@ def train(args: argparse.Namespace) -> int:
     the config for that run, then train here or launch the processes."""
     from shardwise import dist
 
+    from .hooks import INTERRUPTED_EXIT_CODE
     from .launch import LaunchOptions, die_with_launcher, launch, plan_launch
 
     die_with_launcher()  # a worker of a launching shardwise train ends when it does
@@ -343,7 +346,10 @@ def train(args: argparse.Namespace) -> int:
         signals = (cfg.get("preemption") or {}).get("signals") or ()
         signals = [signals] if isinstance(signals, str) else list(signals)
         worker_argv = _worker_argv(args, cfg.work_dir, plan.torchrun.max_restarts or 0)
-        return launch(plan.torchrun, worker_argv, signals=signals)
+        code = launch(plan.torchrun, worker_argv, signals=signals)
+        global STOPPED
+        STOPPED = code == INTERRUPTED_EXIT_CODE
+        return code
 
     cfg.launcher = plan.launcher
     if plan.launcher == "none" and _own_replica_group_env(cfg):

@@ -36,13 +36,15 @@ node or an existing group's size) raise a ``ValueError`` naming them, before any
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import logging
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from shardwise import dist, launch_env
@@ -486,7 +488,6 @@ def launch(options: LaunchOptions, worker_argv: Sequence[str], signals: Sequence
     options.check()
     options.check_meeting_point()
     os.environ.setdefault(LAUNCH_TIME_ENV, repr(time.time()))
-    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the workers' parent: see die_with_launcher
     if (options.max_restarts or 0) > 0:
         # torchrun shares its rendezvous store with the workers by default, and restarted
         # workers can then read the previous attempt's addresses from it and fail to connect
@@ -497,15 +498,27 @@ def launch(options: LaunchOptions, worker_argv: Sequence[str], signals: Sequence
         os.environ["OMP_NUM_THREADS"] = str(max(1, (cores or 1) // options.nproc))
     forwarded = forwarded_signals(signals) if _torchrun_has("--signals-to-handle") else []
     args = get_args_parser().parse_args(torchrun_args(options, worker_argv, forwarded))
-    try:
-        run(args)
-    except ChildFailedError as exc:
-        print(exc.format_msg(), file=sys.stderr)
-        from .hooks import PREEMPTED_EXIT_CODE
+    from .refusals import REFUSED_EXIT_CODE, Refusals
 
+    refusals = Refusals()  # where a worker leaves the one line of bad input it found
+    from .hooks import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+
+    try:
+        with _quiet_about_ctrl_c(), _launcher_pid_for_the_workers():
+            run(args)
+    except ChildFailedError as exc:
+        refusal = refusals.line(exc)
+        if refusal is not None:  # bad input the workers found: their one line, exit code 2
+            print(refusal, file=sys.stderr)
+            return REFUSED_EXIT_CODE
         codes = {failure.exitcode for failure in exc.failures.values()}
+        if codes == {INTERRUPTED_EXIT_CODE}:  # Ctrl-C reached the workers: rank 0 said so
+            return INTERRUPTED_EXIT_CODE
+        print(exc.format_msg(), file=sys.stderr)
         return PREEMPTED_EXIT_CODE if codes == {PREEMPTED_EXIT_CODE} else 1
     except SignalException as exc:
+        if exc.sigval == signal.SIGINT:  # Ctrl-C: the workers' rank 0 said what they did
+            return INTERRUPTED_EXIT_CODE
         print(
             f"shardwise train: {signal.Signals(exc.sigval).name} received; forwarded to the "
             "workers",
@@ -513,6 +526,53 @@ def launch(options: LaunchOptions, worker_argv: Sequence[str], signals: Sequence
         )
         return 128 + int(exc.sigval)
     return 0
+
+
+class _CtrlCNotes(logging.Filter):
+    """Drops torchrun's agent's notes about passing Ctrl-C on ("Received 2 death signal",
+    "Sending process N closing signal SIGINT"): the workers' rank 0 says what Ctrl-C did."""
+
+    interrupted = False  # after Ctrl-C, the agent's SIGTERM on a second one goes unsaid too
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        if "death signal" in text or "closing signal" in text:
+            args = record.args if isinstance(record.args, tuple) else ()
+            self.interrupted |= any(arg in (signal.SIGINT, "SIGINT") for arg in args)
+            return not self.interrupted
+        return True
+
+
+@contextlib.contextmanager
+def _quiet_about_ctrl_c() -> Iterator[None]:
+    names = (
+        "torch.distributed.elastic.agent.server.api",
+        "torch.distributed.elastic.multiprocessing.api",
+    )
+    loggers = [logging.getLogger(name) for name in names]
+    quiet = _CtrlCNotes()
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+
+@contextlib.contextmanager
+def _launcher_pid_for_the_workers() -> Iterator[None]:
+    """:data:`LAUNCHER_PID_ENV` in the workers' environment (see :func:`die_with_launcher`),
+    and as it was in this process's afterwards."""
+    before = os.environ.get(LAUNCHER_PID_ENV)
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(LAUNCHER_PID_ENV, None)
+        else:
+            os.environ[LAUNCHER_PID_ENV] = before
 
 
 def die_with_launcher(env: Mapping[str, str] | None = None) -> bool:

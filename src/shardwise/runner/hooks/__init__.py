@@ -5,7 +5,13 @@ from .hook import Hook
 from .iter_timer_hook import IterTimerHook
 from .logger_hook import LoggerHook
 from .param_scheduler_hook import ParamSchedulerHook
-from .preemption_hook import PREEMPTED_EXIT_CODE, Preempted, PreemptionHook
+from .preemption_hook import (
+    INTERRUPTED_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    Interrupted,
+    Preempted,
+    PreemptionHook,
+)
 from .runtime_info_hook import RuntimeInfoHook
 from .sampler_seed_hook import DistSamplerSeedHook
 
@@ -20,4 +26,6 @@ __all__ = [
     "PreemptionHook",
     "Preempted",
     "PREEMPTED_EXIT_CODE",
+    "Interrupted",
+    "INTERRUPTED_EXIT_CODE",
 ]

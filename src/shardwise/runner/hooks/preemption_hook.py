@@ -17,6 +17,13 @@ rank, at the same iteration:
 
 A preempted run loses at most the iteration in progress when the signal came.
 
+Ctrl-C (SIGINT) takes the same path, as users expect of a trainer: the ranks finish the
+step, commit ``iter_{n}.pth`` when the run saves checkpoints (a ``CheckpointHook`` with an
+``interval`` or ``save_last``), and raise :class:`Interrupted` (exit code 130,
+:data:`INTERRUPTED_EXIT_CODE`), with one line on rank 0 that names the checkpoint, or the
+last one and the work lost since. A second Ctrl-C (or the SIGTERM that torchrun's agent sends
+after it) stops the process at once, with one line and no checkpoint.
+
 Example (a config; ``shardwise train --requeue`` sets the same)::
 
     preemption = dict(signals=['SIGTERM', 'SIGUSR1'], requeue=True)
@@ -28,6 +35,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -35,15 +43,24 @@ import torch
 import torch.distributed as torch_dist
 
 from shardwise import dist
+from shardwise.checkpoint import find_last_checkpoint
 from shardwise.checkpoint.storage import location
 from shardwise.registry import HOOKS
 
 from .hook import Hook
 
-__all__ = ["PREEMPTED_EXIT_CODE", "Preempted", "PreemptionHook"]
+__all__ = [
+    "INTERRUPTED_EXIT_CODE",
+    "Interrupted",
+    "PREEMPTED_EXIT_CODE",
+    "Preempted",
+    "PreemptionHook",
+]
 
 #: The exit code of a preempted run: 128 + SIGTERM, as if the signal had ended it.
 PREEMPTED_EXIT_CODE = 143
+#: The exit code of a run stopped by Ctrl-C: 128 + SIGINT, as a shell reports it.
+INTERRUPTED_EXIT_CODE = 130
 
 
 class Preempted(SystemExit):
@@ -53,6 +70,16 @@ class Preempted(SystemExit):
     def __init__(self, checkpoint: str, signal_name: str) -> None:
         super().__init__(PREEMPTED_EXIT_CODE)
         self.checkpoint, self.signal_name = checkpoint, signal_name
+
+
+class Interrupted(SystemExit):
+    """Raised on every rank after Ctrl-C, once the step is finished (and its checkpoint
+    committed where the run saves checkpoints: ``checkpoint``, else None); uncaught, the
+    process exits with :data:`INTERRUPTED_EXIT_CODE`."""
+
+    def __init__(self, checkpoint: str | None) -> None:
+        super().__init__(INTERRUPTED_EXIT_CODE)
+        self.checkpoint = checkpoint
 
 
 def _parse_signals(signals: Any) -> tuple[signal.Signals, ...]:
@@ -80,6 +107,8 @@ class PreemptionHook(Hook):
         requeue: under SLURM, requeue the job (``scontrol requeue``) after the checkpoint;
             a warning where ``scontrol`` or ``SLURM_JOB_ID`` is missing.
         filename_tmpl: the checkpoint's name, given the number of iterations done.
+        interrupt: handle Ctrl-C (SIGINT) as the module docstring says; False leaves it to
+            Python (a ``KeyboardInterrupt`` wherever it comes).
     """
 
     priority = "LOWEST"  # after the iteration's logging and periodic checkpoint
@@ -89,34 +118,66 @@ class PreemptionHook(Hook):
         signals: Any = ("SIGTERM", "SIGUSR1"),
         requeue: bool = False,
         filename_tmpl: str = "iter_{}.pth",
+        interrupt: bool = True,
     ) -> None:
         if not isinstance(requeue, bool):
             raise TypeError(f"preemption requeue must be True or False, got {requeue!r}")
+        if not isinstance(interrupt, bool):
+            raise TypeError(f"preemption interrupt must be True or False, got {interrupt!r}")
         self.signals = _parse_signals(signals)
         self.requeue = requeue
         self.filename_tmpl = filename_tmpl
+        self.interrupt = interrupt and signal.SIGINT not in self.signals
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}
         self._group: Any = None
+        self._hub: Any = None
 
     # ------------------------------------------------------------------ handlers
     def _note(self, signum: int, frame: Any) -> None:
+        if self.received is signal.SIGINT:  # after Ctrl-C (torchrun's agent: SIGTERM next)
+            self._stop_now()
         self.received = self.received or signal.Signals(signum)
 
+    def _note_interrupt(self, signum: int, frame: Any) -> None:
+        if self.received is not None:  # Ctrl-C again
+            self._stop_now()
+        self.received = signal.SIGINT
+
+    def _stop_now(self) -> None:
+        """Exit at once (a second Ctrl-C), with one line from rank 0."""
+        if dist.get_rank() == 0:
+            last = self._hub.get_info("last_ckpt") if self._hub is not None else None
+            since = f"since {last}" if last else "of this run"
+            line = (
+                "Interrupted again (Ctrl-C): stopping at once, without a checkpoint; the work "
+                f"{since} is lost; exit code {INTERRUPTED_EXIT_CODE}\n"
+            )
+            os.write(sys.stderr.fileno(), line.encode())
+        os._exit(INTERRUPTED_EXIT_CODE)
+
     def before_train(self, runner) -> None:
+        self.received = None
         if threading.current_thread() is not threading.main_thread():
             runner.logger.info(
                 "PreemptionHook: training runs outside the main thread (e.g. in a Ray worker), "
                 "where signal handlers cannot be installed; preemption is left to the caller"
             )
             return
+        self._hub = runner.message_hub
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._note)
+        if self.interrupt:
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._note_interrupt)
         if dist.is_distributed() and torch_dist.get_world_size() > 1:
             cpu = torch_dist.get_backend() == "gloo"
             self._group = None if cpu else torch_dist.new_group(backend="gloo")
 
     def after_train(self, runner) -> None:
+        self._restore()
+
+    def close(self) -> None:
+        """After a failure: give the signals back to their previous handlers."""
         self._restore()
 
     def _restore(self) -> None:
@@ -140,21 +201,63 @@ class PreemptionHook(Hook):
         signum = self._agreed_signal()
         if not signum:
             return
+        if signum == signal.SIGINT:  # the lowest number: any preemption signal wins
+            self._stop_interrupted(runner)
         name = signal.Signals(signum).name
         done = runner.iter + 1
-        path = str(location(runner.work_dir) / self.filename_tmpl.format(done))
         runner.logger.warning(
             "%s received: saving a checkpoint at iteration %d and stopping", name, done
         )
-        runner.strategy.wait_for_checkpoint()
-        if runner.message_hub.get_info("last_ckpt") != path:
-            runner.save_checkpoint(path, by_epoch=False, async_save=False, series="preemption")
-            runner.message_hub.update_info("last_ckpt", path)
+        path = self._commit(runner)
         runner.logger.warning("Committed %s; exiting with code %d", path, PREEMPTED_EXIT_CODE)
         if self.requeue and dist.get_rank() == 0:
             _requeue(runner.logger)
         self._restore()
         raise Preempted(path, name)
+
+    def _commit(self, runner) -> str:
+        """Commit a checkpoint of this iteration (unless the checkpoint hook just did); its
+        path."""
+        path = str(location(runner.work_dir) / self.filename_tmpl.format(runner.iter + 1))
+        runner.strategy.wait_for_checkpoint()
+        if runner.message_hub.get_info("last_ckpt") != path:
+            runner.save_checkpoint(path, by_epoch=False, async_save=False, series="preemption")
+            runner.message_hub.update_info("last_ckpt", path)
+        return path
+
+    def _stop_interrupted(self, runner) -> None:
+        """After Ctrl-C: the checkpoint where the run saves them, one line, :class:`Interrupted`."""
+        done = runner.iter + 1
+        if _saves_checkpoints(runner):
+            path: str | None = self._commit(runner)
+            outcome = f"committed {path} (--resume continues from it)"
+        else:
+            path = None
+            runner.strategy.wait_for_checkpoint()
+            last = runner.message_hub.get_info("last_ckpt") or find_last_checkpoint(
+                str(runner.work_dir)
+            )
+            since = f"since {last}" if last else "of this run"
+            outcome = f"no checkpoint is saved (default_hooks.checkpoint): the work {since} is lost"
+        runner.logger.warning(
+            "Interrupted (Ctrl-C) after iteration %d: %s; exiting with code %d",
+            done,
+            outcome,
+            INTERRUPTED_EXIT_CODE,
+        )
+        self._restore()
+        raise Interrupted(path)
+
+
+def _saves_checkpoints(runner) -> bool:
+    """Whether the run saves checkpoints: a checkpoint hook (shardwise's or mmengine's) with an
+    ``interval`` or ``save_last``."""
+    for hook in getattr(runner, "hooks", ()):
+        if type(hook).__name__ == "CheckpointHook":
+            interval = getattr(hook, "interval", -1)
+            if (isinstance(interval, int) and interval > 0) or getattr(hook, "save_last", False):
+                return True
+    return False
 
 
 def _requeue(logger: Any) -> None:
