@@ -26,7 +26,7 @@ $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
 	touch $@
 
 # OpenMMLab beside shardwise (README, "Training an OpenMMLab project"): mmengine 0.10.7, mmcv-lite
-# 2.2.0 (mmcv without its compiled ops; the full mmcv does not build on torch 2.13), mmpretrain 1.2.0,
+# 2.2.0 (mmcv without its compiled ops; the full mmcv's source does not build), mmpretrain 1.2.0,
 # torchvision 0.28.0, into the venv, the venv's torch kept; where pip's torchvision is another build
 # than torch (CUDA beside the CPU torch), its compiled ops are removed (tools/openmmlab_env.sh says why).
 $(VENV)/.openmmlab: $(VENV)/.installed tools/openmmlab_env.sh

@@ -218,6 +218,17 @@ def test_the_openmmlab_section_runs_as_written_on_a_fresh_copy(tmp_path):
         check=True,
     ).stdout.strip()
     assert venv_torch == torch.__version__
+    # once more: a torchvision that loads (pip's, where it matches torch) is left as it is
+    again = subprocess.run(
+        ["bash", "tools/openmmlab_env.sh"],
+        cwd=repo,
+        env={**env, "PYTHON": ".venv/bin/python"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "does not load" not in again.stdout and again.stdout.rstrip().endswith("ready")
 
     # the one-process run: 2 epochs of 6 iterations, validated after each, the loss going down
     work_dir = repo / "work_dirs" / "resnet18"

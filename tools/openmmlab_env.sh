@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# OpenMMLab beside shardwise: mmengine 0.10.7, mmpretrain 1.2.0 and mmcv-lite 2.2.0 (mmcv without its
-# compiled ops: the full mmcv 2.2.0 has no wheel for torch 2.13 and its source build fails), with the
-# torchvision built for the installed torch, which is kept as it is.
+# OpenMMLab beside shardwise: mmengine 0.10.7, mmpretrain 1.2.0, mmcv-lite 2.2.0 (mmcv without its
+# compiled ops: PyPI has only the full mmcv 2.2.0's source, whose build fails on torch 2.13) and
+# torchvision 0.28.0 (torch 2.13's), from PyPI; the installed torch is kept as it is.
 #
-#   PYTHON=.venv/bin/python tools/openmmlab_env.sh         # into that python's venv (`make openmmlab`)
-#   PYTHON=.venv/bin/python tools/openmmlab_env.sh DIR     # into DIR, for PYTHONPATH=DIR (the tests;
-#                                                          # mmengine must be installed already)
+#   PYTHON=.venv/bin/python bash tools/openmmlab_env.sh      # into that python's venv (make openmmlab)
+#   PYTHON=.venv/bin/python bash tools/openmmlab_env.sh DIR  # into DIR, for PYTHONPATH=DIR (the
+#                                                            # tests; mmengine installed already)
 #
 # torchvision's compiled ops must match torch's build. Where they do not (PyPI's only torchvision
 # 0.28.0 for Linux is a CUDA build; torch here is the CPU build), its extension cannot load and
