@@ -31,6 +31,11 @@ per rank, mpirun, an initialised process group: read from the environment). It s
 processes itself through ``torch.distributed.run`` with ``--nproc-per-node N`` (N > 1) or
 ``--nnodes`` > 1, under ``srun`` with one task per node and ``--nproc-per-node N``, and in a
 Kubeflow pod (its ``PET_*`` variables).
+
+Exit status: 0 on success; 2 for bad input, one line on stderr: found before any worker
+starts (the config, a flag, a checkpoint path, a store that cannot be reached or written) or
+by the workers (the work dir's prefix claimed by another run); 143 after a preemption
+checkpoint; 1 for a failure while training.
 """
 
 _TRAIN_EXAMPLES = """
@@ -305,17 +310,17 @@ def entry() -> NoReturn:
         if not isinstance(exc.code, int):
             raise
         code = exc.code
-    commands = sys.modules.get("shardwise.runner.commands")  # imported if train ran
-    if not any(getattr(commands, flag, False) for flag in ("TORE_DOWN_PROCESS_GROUP", "STOPPED")):
-        sys.exit(code)
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
     except KeyboardInterrupt:  # Ctrl-C outside training (which stops after its step)
         if os.environ.get("RANK", "0") == "0":
             print("shardwise: interrupted (Ctrl-C); exit code 130", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)  # at once: no teardown of a process group that may be half set up
+    commands = sys.modules.get("shardwise.runner.commands")  # imported if train ran
+    if not any(getattr(commands, flag, False) for flag in ("TORE_DOWN_PROCESS_GROUP", "STOPPED")):
+        sys.exit(code)
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
     sys.stdout.flush()

@@ -64,7 +64,6 @@ def add_ckpt_parser(sub: argparse._SubParsersAction) -> None:
         "path",
         help="a checkpoint file or directory, a .safetensors file, or a memory_checkpoint dir",
     )
-    inspect.add_argument("path", help="a checkpoint file or directory, or a .safetensors file")
     inspect.add_argument(
         "--tensors",
         action="store_true",
@@ -135,6 +134,13 @@ def add_ckpt_parser(sub: argparse._SubParsersAction) -> None:
     index.set_defaults(func=_index)
 
 
+def _status_of(error: Exception) -> int:
+    """A checkpoint's error: damaged (1), or a store that cannot be reached (2, bad input)."""
+    from .storage import StorageUnreachableError
+
+    return _BAD_INPUT if isinstance(error, StorageUnreachableError) else _DAMAGED
+
+
 def _error(command: str, message: Any, status: int) -> int:
     print(f"shardwise ckpt {command}: error: {message}", file=sys.stderr)
     return status
@@ -143,21 +149,21 @@ def _error(command: str, message: Any, status: int) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from .files import CheckpointError
     from .inspect import format_inspection, inspect_checkpoint
+    from .memory import format_memory, inspect_memory
     from .remote_read import local_checkpoint
     from .storage import is_url
 
-    try:
-        with local_checkpoint(args.path) as path:
-            summary = inspect_checkpoint(path)
-    from .memory import format_memory, inspect_memory
-    except (FileNotFoundError, ValueError) as exc:
-        return _error("inspect", exc, _BAD_INPUT)
-    except CheckpointError as exc:
     memory = None if is_url(args.path) else inspect_memory(args.path)
     if memory is not None:  # a memory_checkpoint directory: its snapshots on this node
         print(json.dumps(memory, indent=2) if args.json else format_memory(memory))
         return 0
-        return _error("inspect", exc, _DAMAGED)
+    try:
+        with local_checkpoint(args.path) as path:
+            summary = inspect_checkpoint(path)
+    except (FileNotFoundError, ValueError) as exc:
+        return _error("inspect", exc, _BAD_INPUT)
+    except CheckpointError as exc:
+        return _error("inspect", exc, _status_of(exc))
     if is_url(args.path):
         summary["path"] = args.path
     if args.json:
@@ -202,7 +208,7 @@ def _convert(args: argparse.Namespace) -> int:
     except (FileNotFoundError, FileExistsError, ValueError) as exc:
         return _error("convert", exc, _BAD_INPUT)
     except CheckpointError as exc:
-        return _error("convert", exc, _DAMAGED)
+        return _error("convert", exc, _status_of(exc))
     print(f"wrote {dst} ({args.to})")
     return 0
 
@@ -220,7 +226,7 @@ def _verify(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         return _error("verify", exc, _BAD_INPUT)
     except CheckpointError as exc:
-        return _error("verify", exc, _DAMAGED)
+        return _error("verify", exc, _status_of(exc))
 
 
 def _verify_at(path: Path, shown: Any, args: argparse.Namespace) -> int:
@@ -271,7 +277,7 @@ def _index(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         return _error("index", exc, _BAD_INPUT)
     except CheckpointError as exc:
-        return _error("index", exc, _DAMAGED)
+        return _error("index", exc, _status_of(exc))
 
 
 def _index_at(path: Path) -> int:
@@ -291,7 +297,7 @@ def _index_at(path: Path) -> int:
     try:
         written = write_merged_metadata(path)
     except CheckpointError as exc:
-        return _error("index", exc, _DAMAGED)
+        return _error("index", exc, _status_of(exc))
     print(f"wrote {written}")
     return 0
 

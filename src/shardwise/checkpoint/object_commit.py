@@ -81,6 +81,7 @@ from .storage import (
 )
 
 __all__ = [
+    "PrefixClaimedError",
     "OWNER",
     "ObjectCommit",
     "commit_for",
@@ -180,6 +181,11 @@ class Listing:
 
 
 # ----------------------------------------------------------------------------- run claims
+class PrefixClaimedError(CheckpointError):
+    """Another run writes this prefix: the save is refused (on every rank), before anything
+    is uploaded. Bad input of the run (``shardwise train``: one line, exit code 2)."""
+
+
 class RunClaims:
     """The prefixes this run writes (one per :class:`~.checkpointer.Checkpointer`; rank 0's
     counts): which it claimed, which checkpoints it resumed from, its last sequence number.
@@ -251,14 +257,14 @@ class RunClaims:
 
     def _refusal(
         self, final: ObjectURL, owner: ObjectURL, did: str, newest: Any = None
-    ) -> CheckpointError:
+    ) -> PrefixClaimedError:
         try:
             who = json.loads(read_object(owner))
             other = f"run {who.get('run')} (host {who.get('host')}, pid {who.get('pid')})"
         except (FileNotFoundError, ValueError, CheckpointError):
             other = "another run"
         hint = f" (its newest: {newest[-1][0]})" if newest else ""
-        return CheckpointError(
+        return PrefixClaimedError(
             f"refusing to save {final}: {other} writes {final.parent} and {did}{hint}; two "
             "runs writing one prefix would mix their checkpoints. Save to another work_dir, "
             "resume from the newest checkpoint there (resume=True, --resume) to continue "
@@ -356,8 +362,13 @@ class ObjectCommit:
             except Exception as exc:  # noqa: BLE001 - every rank learns of it below
                 error = exc
         message = None if error is None else describe_error(error)
+        refusal = str(error) if isinstance(error, PrefixClaimedError) else None
+        outcomes = gather_outcomes((message, refusal), self.group, saving)
+        refusals = [text for _, text in outcomes if text is not None]
+        if refusals:  # rank 0's refusal, as it is, on every rank
+            raise error if refusal is not None else PrefixClaimedError(refusals[0])
         try:
-            raise_if_any(gather_outcomes(message, self.group, saving), saving, error)
+            raise_if_any([text for text, _ in outcomes], saving, error)
         except CheckpointError:
             if prepared:
                 self._discard()

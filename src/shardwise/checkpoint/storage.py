@@ -50,6 +50,7 @@ __all__ = [
     "ObjectURL",
     "RetryPolicy",
     "StorageConfigError",
+    "StorageUnreachableError",
     "absolute",
     "check_storage",
     "delete_objects",
@@ -106,7 +107,13 @@ UPLOAD_PART = 16 << 20
 
 class StorageConfigError(ValueError):
     """Bad storage input, found before anything is written: an unknown protocol, its package
-    not installed, missing credentials, a missing bucket (one line: the value and the fix)."""
+    not installed, missing credentials, credentials that may not write, a missing bucket (one
+    line: the value and the fix)."""
+
+
+class StorageUnreachableError(CheckpointError):
+    """A store that failed every retry of an operation (unreachable, or refusing requests):
+    not a damaged checkpoint (``shardwise ckpt``: exit status 2, bad input)."""
 
 
 # ----------------------------------------------------------------------------- naming
@@ -268,16 +275,46 @@ def _credentials_error(exc: BaseException) -> bool:
     return any("Credential" in kind.__name__ for kind in type(exc).__mro__)
 
 
-def check_storage(url: str, what: str = "work_dir") -> None:
+def check_storage(url: str, what: str = "work_dir", *, write: bool = True) -> None:
     """Refuse, in one line, a URL whose store cannot be used: an unknown protocol or one
-    without its package, missing or refused credentials, a bucket that does not exist.
-    Reads one thing (the bucket); a local path passes."""
+    without its package, missing or refused credentials, a bucket that does not exist, and
+    with ``write`` (where a run writes) credentials that may read but not write or delete
+    there. Reads the bucket; with ``write``, writes a small marker object under ``url`` and
+    deletes it. A local path passes."""
     if not is_url(url):
         return
     fs, path = filesystem(url, what)
     bucket = path.strip("/").split("/", 1)[0]
     if not bucket or protocol_of(url) == "memory":
         return
+    _check_bucket(fs, url, bucket, what)
+    if write:
+        _check_writes(url, what)
+
+
+def _check_writes(url: str, what: str) -> None:
+    """Write a marker object under ``url`` and delete it (before training: the first write
+    of a run is its config)."""
+    marker = ObjectURL(url) / f".shardwise-write-check-{os.getpid()}-{random.getrandbits(32):08x}"
+    steps = (
+        ("writing", "write", lambda: write_object(marker, b"")),
+        ("deleting", "delete", lambda: delete_objects([marker])),
+    )
+    for action, verb, step in steps:
+        try:
+            step()
+        except PermissionError as exc:
+            raise StorageConfigError(
+                f"{what}={str(url)!r}: {action} {marker} was refused ({describe_error(exc)}); "
+                f"these credentials may read the bucket but not {verb} there: give them "
+                "write and delete permission on the prefix (s3:PutObject, s3:DeleteObject), "
+                "or choose a prefix they may write"
+            ) from None
+        except (StorageConfigError, CheckpointError) as exc:
+            raise StorageConfigError(f"{what}={str(url)!r}: {exc}") from None
+
+
+def _check_bucket(fs: Any, url: str, bucket: str, what: str) -> None:
     try:
         retried("reading", f"{protocol_of(url)}://{bucket}", fs.info, bucket)
     except FileNotFoundError:
@@ -371,7 +408,7 @@ def retried(
             if not _transient(exc):
                 raise
             if attempt == policy.attempts:
-                raise CheckpointError(
+                raise StorageUnreachableError(
                     f"{action} {url} failed {policy.attempts} times, the last with "
                     f"{describe_error(exc)}; the store is unreachable or refusing requests"
                 ) from exc

@@ -337,7 +337,7 @@ def check_components(
         )
     for name, path in (("load_from", load_from), ("resume", resume)):
         if is_url(path):  # on object storage: the store's access, then the checkpoint
-            check_storage(path, name)
+            check_storage(path, name, write=False)
             if not exists(path):
                 raise FileNotFoundError(f"{name}={str(path)!r}: no such checkpoint")
         elif isinstance(path, str | os.PathLike):

@@ -132,7 +132,7 @@ def _require_checkpoint(path: str, flag: str, resume_flag: str) -> None:
     """Refuse a checkpoint ``path`` given by ``flag`` that does not exist, in one line naming
     the flag and, as the fix, the command line's way to resume (``resume_flag``)."""
     if is_url(path):
-        check_storage(path, flag)
+        check_storage(path, flag, write=False)
     if not (exists(path) if is_url(path) else Path(path).exists()):
         from .checks import checkpoints_hint
 
@@ -310,6 +310,7 @@ def train(args: argparse.Namespace) -> int:
 
     from .hooks import INTERRUPTED_EXIT_CODE
     from .launch import LaunchOptions, die_with_launcher, launch, plan_launch
+    from .refusals import REFUSED, refuse
 
     die_with_launcher()  # a worker of a launching shardwise train ends when it does
 
@@ -362,6 +363,8 @@ def train(args: argparse.Namespace) -> int:
         for note in filter(None, notes):
             runner.logger.warning(note)
         runner.train()
+    except REFUSED as exc:  # bad input only the ranks could find: one line, exit code 2
+        return refuse(exc)
     finally:
         if dist.destroy_process_group():  # only a group shardwise created
             global TORE_DOWN_PROCESS_GROUP
