@@ -350,6 +350,8 @@ class MemoryTier:
         self._begun = False
         #: the steps snapshotted, the seconds the training thread spent in them, in all
         self.snapshots, self.blocked_s = 0, 0.0
+        #: what the last :meth:`recover` gathered (its bytes from memory and from peers)
+        self.recovered: Recovered | None = None
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -619,9 +621,9 @@ class MemoryTier:
         for m in mine:  # the steps after it were not completed everywhere: never resumed
             if (m["run"], m["world"]) != (run, world) or m["step"] > step:
                 (Path(m["slot"]) / MARKER).unlink(missing_ok=True)
-        recovered = Recovered(out, step, world, local, fetched, time.perf_counter() - start)
+        self.recovered = Recovered(out, step, world, local, fetched, time.perf_counter() - start)
         self._run = run  # the run goes on: its next snapshots continue the same series
-        return recovered
+        return self.recovered
 
     def remove(self) -> None:
         """Remove this run's snapshots from this node (a run that ended)."""
