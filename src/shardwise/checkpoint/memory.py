@@ -35,6 +35,7 @@ Example (a strategy keyword; the Runner snapshots after each ``interval``-th ite
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -52,7 +53,7 @@ import torch
 import torch.distributed as torch_dist
 from torch.distributed.tensor import DTensor
 
-from ..tree import map_tensors
+from ..tree import map_tensors, map_with_path
 from .agreement import gather_outcomes
 from .async_save import AsyncCheckpointer
 from .files import CheckpointError, atomic_write_text, describe_error
@@ -295,6 +296,23 @@ def format_memory(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def contains_device_tensors(state: Any) -> bool:
+    """Whether any tensor of ``state`` (a DTensor's shard) is off the CPU."""
+    found = []
+    map_tensors(
+        lambda t: found.append((t.to_local() if isinstance(t, DTensor) else t).device.type), state
+    )
+    return any(device != "cpu" for device in found)
+
+
+def _keep_tensors(state: Any) -> Any:
+    """``state`` with its tensors as they are and everything else copied (the training
+    thread may change a dict the state holds, the message hub's, while it is written)."""
+    return map_with_path(
+        lambda _, leaf: leaf if isinstance(leaf, torch.Tensor) else copy.deepcopy(leaf), state
+    )
+
+
 def _local_bytes(state: Any) -> int:
     """The bytes of this rank's tensors in ``state`` (a DTensor's own shard)."""
     total = [0]
@@ -347,6 +365,7 @@ class MemoryTier:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._run = ""  # agreed by every rank in begin()
+        self._in_place = True  # the snapshot in flight writes the live tensors
         self._begun = False
         #: the steps snapshotted, the seconds the training thread spent in them, in all
         self.snapshots, self.blocked_s = 0, 0.0
@@ -460,10 +479,13 @@ class MemoryTier:
         self.begin(fresh=True)
         self.wait()
         state = self._take_state(dict(meta, memory_step=step))
-        staged = self.stager.stage(state)
+        # CPU tensors are written as they are (the next change of any waits for the write);
+        # device tensors are staged to host buffers first (the change waits for the copy)
+        self._in_place = not contains_device_tensors(state)
+        staged = _keep_tensors(state) if self._in_place else self.stager.stage(state)
         del state
         if not self.snapshots:
-            self._watch(self.stager.wait_for_staging, self.wait)
+            self._watch(self._before_change, self.wait)
         self._thread = threading.Thread(
             target=self._write_and_replicate,
             args=(staged, step),
@@ -473,6 +495,14 @@ class MemoryTier:
         self._thread.start()
         self.snapshots += 1
         self.blocked_s += time.perf_counter() - start
+
+    def _before_change(self) -> None:
+        """Before a saved tensor changes outside the optimizer step (a forward that updates
+        buffers): the snapshot's copy of it is taken."""
+        if self._in_place:
+            self.wait()
+        else:
+            self.stager.wait_for_staging()
 
     def wait(self) -> None:
         """Block until the snapshot in flight is written and replicated; raise its failure."""
@@ -529,22 +559,25 @@ class MemoryTier:
         return slot
 
     def _replicate(self, slot: Path, marker: dict[str, Any], group: Any) -> None:
-        """Send this rank's snapshot to its replica peers and keep theirs (one exchange per
-        peer: the marker's length, the marker, the files' bytes)."""
+        """Send this rank's snapshot to its replica peers and keep theirs: the markers'
+        lengths, the markers, then each file from its pages in memory into the receiver's
+        file, mapped (no copy in user space)."""
         top = self.topology
+        header = json.dumps(marker).encode()
         for dst, src in zip(top.sends_to(), top.receives_from(), strict=True):
-            header = json.dumps(marker).encode()
-            payload = _read_files(slot, marker["files"])
-            lengths = torch.tensor([len(header), payload.numel()], dtype=torch.int64)
-            their = torch.empty(2, dtype=torch.int64)
-            _exchange(lengths, their, dst, src, group)
+            their = torch.empty(1, dtype=torch.int64)
+            _exchange([torch.tensor([len(header)])], [their], dst, src, group)
             their_header = torch.empty(int(their[0]), dtype=torch.uint8)
-            _exchange(_bytes(header), their_header, dst, src, group)
-            their_payload = torch.empty(int(their[1]), dtype=torch.uint8)
-            _exchange(payload, their_payload, dst, src, group)
+            _exchange([_bytes(header)], [their_header], dst, src, group)
             received = json.loads(bytes(their_header.numpy()))
             replica = self._open_slot(received["owner"])
-            _write_files(replica, received["files"], their_payload)
+            _exchange(
+                _mapped(slot, marker["files"]),
+                _mapped(replica, received["files"], create=True),
+                dst,
+                src,
+                group,
+            )
             atomic_write_text(replica / MARKER, json.dumps(received))
 
     # ------------------------------------------------------------------ recovery
@@ -604,12 +637,12 @@ class MemoryTier:
         group = self.stager.group() if self.distributed else None
         for receiver, owner, holder in plan:
             if holder == top.rank:
-                torch_dist.send(_read_files(slots[owner], files[owner]), receiver, group=group)
+                for tensor in _mapped(slots[owner], files[owner]):
+                    torch_dist.send(tensor, receiver, group=group)
             elif receiver == top.rank:
-                payload = torch.empty(sum(s for s, _ in files[owner].values()), dtype=torch.uint8)
-                torch_dist.recv(payload, holder, group=group)
-                _write_files(out, files[owner], payload)
-                fetched += payload.numel()
+                for tensor in _mapped(out, files[owner], create=True):
+                    torch_dist.recv(tensor, holder, group=group)
+                    fetched += tensor.numel()
         known = {
             name: {"size": size, ALGORITHM: digest}
             for owner in needed
@@ -676,11 +709,12 @@ def _transfer_plan(
     return plan
 
 
-def _exchange(send: torch.Tensor, recv: torch.Tensor, dst: int, src: int, group: Any) -> None:
-    works = [
-        torch_dist.isend(send, dst, group=group),
-        torch_dist.irecv(recv, src, group=group),
-    ]
+def _exchange(
+    send: list[torch.Tensor], recv: list[torch.Tensor], dst: int, src: int, group: Any
+) -> None:
+    """Send ``send`` to ``dst`` while receiving ``recv`` from ``src`` (tagged in order)."""
+    works = [torch_dist.isend(t, dst, group=group, tag=i) for i, t in enumerate(send) if t.numel()]
+    works += [torch_dist.irecv(t, src, group=group, tag=i) for i, t in enumerate(recv) if t.numel()]
     for work in works:
         work.wait()
 
@@ -689,32 +723,22 @@ def _bytes(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def _read_files(slot: Path, files: Mapping[str, Any]) -> torch.Tensor:
-    """The files' bytes, one after the other, in one tensor."""
-    payload = torch.empty(sum(size for size, _ in files.values()), dtype=torch.uint8)
-    view = memoryview(payload.numpy())
-    offset = 0
+def _mapped(slot: Path, files: Mapping[str, Any], create: bool = False) -> list[torch.Tensor]:
+    """Each file of ``slot`` as a byte tensor over its pages (``create``: new files of the
+    recorded sizes, whose tensors write into them)."""
+    tensors = []
     for name, (size, _) in files.items():
-        with open(slot / name, "rb", buffering=0) as f:
-            got = 0
-            while got < size:
-                n = f.readinto(view[offset + got : offset + size])
-                if not n:
-                    raise CheckpointError(
-                        f"{slot / name} is shorter than the {size} bytes recorded"
-                    )
-                got += n
-        offset += size
-    return payload
-
-
-def _write_files(slot: Path, files: Mapping[str, Any], payload: torch.Tensor) -> None:
-    view = memoryview(payload.numpy())
-    offset = 0
-    for name, (size, _) in files.items():
-        with open(slot / name, "wb") as f:
-            f.write(view[offset : offset + size])
-        offset += size
+        path = slot / name
+        if create:
+            with open(path, "wb") as f:
+                f.truncate(size)
+        elif path.stat().st_size != size:
+            raise CheckpointError(f"{path} has {path.stat().st_size} bytes, {size} were recorded")
+        if size == 0:
+            tensors.append(torch.empty(0, dtype=torch.uint8))
+        else:
+            tensors.append(torch.from_file(str(path), shared=create, size=size, dtype=torch.uint8))
+    return tensors
 
 
 def _link_files(slot: Path, out: Path, files: Mapping[str, Any]) -> int:
