@@ -60,6 +60,7 @@ def memory_loop(
     memory: dict[str, Any] | None = None,
     save_at: tuple[int, ...] = (),
     delay: float = 0.0,
+    die_in_recovery: int | None = None,
 ) -> dict[str, Any]:
     """One rank of a run (see the module docstring): the losses of the steps it ran by step,
     the step it started from, the tier it resumed from, and its final weights."""
@@ -79,6 +80,10 @@ def memory_loop(
         nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Dropout(0.2), nn.Linear(WIDTH, 1)),
         optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-2)),
     )
+    if strategy.rank == die_in_recovery:  # this rank dies as it sends its first file
+        from shardwise.checkpoint import memory as memory_module
+
+        memory_module.torch_dist = _DyingSender(memory_module.torch_dist)
     position = Position()
     checkpointer = strategy.checkpointer
     checkpointer.register("loop", position, meta=True)
@@ -103,6 +108,19 @@ def memory_loop(
     checkpointer.memory.wait()
     weights = {k: v.full_tensor() for k, v in model.state_dict().items()}
     return dict(start=start, tier=tier, losses=losses, weights=weights)
+
+
+class _DyingSender:
+    """``torch.distributed`` whose ``send`` kills the process (a peer lost mid-recovery)."""
+
+    def __init__(self, dist: Any) -> None:
+        self._dist = dist
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dist, name)
+
+    def send(self, *args: Any, **kwargs: Any) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ---------------------------------------------------------------------- the kill trials

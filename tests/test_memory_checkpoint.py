@@ -13,7 +13,7 @@ from shardwise.checkpoint.memory import (
     list_snapshots,
     parse_memory_checkpoint,
 )
-from tests.distributed import run_distributed
+from tests.distributed import DistributedTestError, run_distributed
 from tests.memory_trials import memory_config, memory_loop
 
 
@@ -87,6 +87,38 @@ def test_a_half_written_snapshot_is_never_resumed(tmp_path, reference):
                 marker.unlink()
     resumed = run_distributed(memory_loop, 4, str(tmp_path), 8, resume=True)
     assert [r["start"] for r in resumed] == [4] * 4
+    _same_run(resumed, reference)
+
+
+def test_a_replica_older_than_the_local_copy_is_used_only_when_the_local_copy_is_lost(
+    tmp_path, reference
+):
+    for run, lost in (("kept", None), ("lost", "node1")):
+        root = tmp_path / run
+        run_distributed(memory_loop, 4, str(root), 5)
+        for marker in (root / "node0").glob("*/rank[23]/slot*/" + MARKER):
+            if '"step": 5' in marker.read_text():  # node 0 has only step 4 of ranks 2 and 3
+                marker.unlink()
+        if lost:
+            shutil.rmtree(root / lost)
+        resumed = run_distributed(memory_loop, 4, str(root), 8, resume=True)
+        # node 1's own copies are newer; without node 1 only the older replicas are left
+        assert [r["start"] for r in resumed] == [5 if lost is None else 4] * 4
+        _same_run(resumed, reference)
+
+
+def test_a_peer_that_dies_during_recovery_fails_every_rank_and_the_next_restart_recovers(
+    tmp_path, reference
+):
+    run_distributed(memory_loop, 4, str(tmp_path), 5)
+    shutil.rmtree(tmp_path / "node1")  # ranks 2 and 3 need their files from ranks 0 and 1
+    with pytest.raises(DistributedTestError) as info:
+        run_distributed(
+            memory_loop, 4, str(tmp_path), 8, resume=True, die_in_recovery=0, timeout=90
+        )
+    assert "gave no result" not in str(info.value)  # every rank ended: none hung
+    resumed = run_distributed(memory_loop, 4, str(tmp_path), 8, resume=True)
+    assert [r["start"] for r in resumed] == [5] * 4
     _same_run(resumed, reference)
 
 
