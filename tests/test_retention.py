@@ -185,3 +185,25 @@ def test_a_run_resumed_from_another_directory_never_deletes_its_checkpoints(tmp_
     assert (tmp_path / "a" / "iter_1.pth").is_file()  # another run's: kept
     assert not (tmp_path / "b" / "iter_2.pth").exists()  # this run's own: retired
     assert (tmp_path / "b" / "iter_3.pth").is_file()
+
+
+def test_each_checkpoint_retention_deletes_is_named_in_the_log(tmp_path):
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("shardwise.checkpoint")
+    logger.addHandler(handler)
+    try:
+        strategy = _strategy(tmp_path, max_keep_ckpts=2)
+        for i in range(1, 5):
+            strategy.save_checkpoint(f"iter_{i}.pth")
+    finally:
+        logger.removeHandler(handler)
+    deleted = [r.getMessage() for r in records if "Deleted" in r.getMessage()]
+    assert deleted == [
+        f"Deleted the outdated checkpoint {tmp_path / name} (max_keep_ckpts)"
+        for name in ("iter_1.pth", "iter_2.pth")
+    ]
+    assert all(r.levelno == logging.INFO for r in records if "Deleted" in r.getMessage())

@@ -167,10 +167,14 @@ def _commit_on_rank0(
         if old.exists() and not is_committed(old):
             logger.warning("Not deleting the outdated checkpoint %s: it has no manifest", old)
             continue
+        existed = old.exists()
         try:
             remove_checkpoint(old)
         except OSError as exc:  # the new checkpoint is committed: do not fail the save for it
             logger.warning("Could not delete the outdated checkpoint %s: %s", old, exc)
+        else:
+            if existed:
+                logger.info("Deleted the outdated checkpoint %s (max_keep_ckpts)", old)
 
 
 class CheckpointCommit:

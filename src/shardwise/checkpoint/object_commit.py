@@ -455,9 +455,12 @@ class ObjectCommit:
             if old == self.final:
                 continue
             try:
-                remove_checkpoint_at(old, run=self.claims.run)
+                deleted = remove_checkpoint_at(old, run=self.claims.run)
             except (OSError, CheckpointError) as exc:  # committed: do not fail the save
                 logger.warning("Could not delete the outdated checkpoint %s: %s", old, exc)
+            else:
+                if deleted:
+                    logger.info("Deleted the outdated checkpoint %s (max_keep_ckpts)", old)
 
     def _discard(self) -> None:
         """Rank 0: delete what this save uploaded, then its marker (nothing was committed)."""
