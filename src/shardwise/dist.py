@@ -469,7 +469,9 @@ def all_gather_object(obj: Any, group: ProcessGroup | None = None) -> list[Any]:
 
 def env_kwargs_from_cfg(env_cfg: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:
     """mmengine's ``env_cfg`` as the strategy's ``env_kwargs``, and a note to log: an NCCL
-    backend asked for on a machine without CUDA becomes gloo (mmengine configs name NCCL)."""
+    backend asked for on a machine without CUDA becomes gloo (mmengine configs name NCCL;
+    shardwise's Runner logs the note at debug level: OpenMMLab's base configs name NCCL for
+    every run, and a warning would come with every run on CPU)."""
     env = copy.deepcopy(dict(env_cfg or {}))
     dist_cfg = dict(env.get("dist_cfg") or {})
     note = None

@@ -106,8 +106,8 @@ def build_strategy(
     if auto_scale_lr is not None:
         cfg.setdefault("auto_scale_lr", auto_scale_lr)
     built = STRATEGIES.build(cfg)
-    if note:
-        built.logger.warning(note)
+    if note:  # OpenMMLab's default backend on a machine without CUDA: not the user's choice
+        built.logger.debug(note)
     return built
 
 

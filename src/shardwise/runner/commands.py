@@ -310,6 +310,7 @@ def train(args: argparse.Namespace) -> int:
 
     from .hooks import INTERRUPTED_EXIT_CODE
     from .launch import LaunchOptions, die_with_launcher, launch, plan_launch
+    from .once import quiet_if_said_elsewhere, warnings_to_log_file
     from .refusals import REFUSED, refuse
 
     die_with_launcher()  # a worker of a launching shardwise train ends when it does
@@ -325,18 +326,16 @@ def train(args: argparse.Namespace) -> int:
         master_port=args.master_port,
         max_restarts=args.max_restarts,
     )
-    try:
-        cfg = _read_train_config(args)
-        # as mmengine's tools/train.py: --launcher (or the environment), not a config's key
-        plan = plan_launch(options, args.launcher)
-        from .runner import Runner
+    from .runner import Runner
 
-        Runner.check_cfg(
-            cfg,
-            world_size=plan.world_size,
-            local_world_size=plan.local_world_size,
-            strict_keys=getattr(args, "strict_keys", False),
-        )
+    try:
+        with quiet_if_said_elsewhere():  # the launcher, or rank 0, prints these warnings
+            cfg = _read_train_config(args)
+            # as mmengine's tools/train.py: --launcher (or the environment), not a config's key
+            plan = plan_launch(options, args.launcher)
+            strict_keys = getattr(args, "strict_keys", False)
+            sizes = dict(world_size=plan.world_size, local_world_size=plan.local_world_size)
+            Runner.check_cfg(cfg, **sizes, strict_keys=strict_keys)
     except (ValueError, TypeError, KeyError, FileNotFoundError, SyntaxError, ImportError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"shardwise train: error: {message}", file=sys.stderr)
@@ -358,6 +357,7 @@ def train(args: argparse.Namespace) -> int:
     notes = []
     if args.auto_resume:
         notes.append(_apply_auto_resume(cfg))
+    warnings_to_log_file()  # a rank other than 0: rank 0 prints the same ones
     try:
         runner = Runner.from_cfg(cfg)
         for note in filter(None, notes):

@@ -16,9 +16,10 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from .once import said_elsewhere
 
 __all__ = ["RUNNER_KEYS", "check_top_level_keys", "near_misses"]
 
@@ -79,7 +80,7 @@ def check_top_level_keys(cfg: Mapping[str, Any], *, strict_keys: bool = False) -
         message = f"config key {key!r} is not one the Runner reads; did you mean {close!r}?"
         if strict_keys:
             raise KeyError(f"{message} Rename it (strict keys: near misses are refused)")
-        if _launched_worker() or message in _WARNED:
+        if said_elsewhere() or message in _WARNED:
             continue
         _WARNED.add(message)
         logger.warning(
@@ -87,12 +88,3 @@ def check_top_level_keys(cfg: Mapping[str, Any], *, strict_keys: bool = False) -
             "strict_keys=True), makes this an error)",
             message,
         )
-
-
-def _launched_worker() -> bool:
-    """A rank other than 0, or any rank that ``shardwise train`` started (it checked the
-    config before starting them)."""
-    from .launch import LAUNCH_TIME_ENV
-
-    rank = os.environ.get("RANK")
-    return rank is not None and (rank != "0" or LAUNCH_TIME_ENV in os.environ)
