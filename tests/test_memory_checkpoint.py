@@ -4,6 +4,7 @@ replicated to the other simulated node, recovered from memory and peers bit for 
 from __future__ import annotations
 
 import shutil
+import time
 
 import pytest
 
@@ -15,6 +16,12 @@ from shardwise.checkpoint.memory import (
 )
 from tests.distributed import DistributedTestError, run_distributed
 from tests.memory_trials import memory_config, memory_loop
+
+
+def _run_dir(node):
+    """The one run's directory in a node's memory directory."""
+    (run,) = node.glob("run-*")
+    return run
 
 
 def _same_run(resumed, reference):
@@ -58,7 +65,7 @@ def test_bad_memory_checkpoint_values_are_named(value, words):
 def test_every_node_keeps_its_ranks_snapshots_and_the_other_nodes_replicas(tmp_path):
     run_distributed(memory_loop, 4, str(tmp_path), 3)
     for node in ("node0", "node1"):
-        found = list_snapshots(next((tmp_path / node).iterdir()))
+        found = list_snapshots(_run_dir(tmp_path / node))
         assert {m["owner"] for m in found} == {0, 1, 2, 3}  # its own ranks', the other's replicas
         assert sorted(m["step"] for m in found if m["owner"] == 0) == [2, 3]
 
@@ -153,9 +160,7 @@ def test_a_fresh_run_removes_an_earlier_runs_snapshots(tmp_path):
     fresh = run_distributed(memory_loop, 4, str(tmp_path), 1)  # resume=False
     assert [r["start"] for r in fresh] == [0] * 4
     steps = {
-        m["step"]
-        for node in ("node0", "node1")
-        for m in list_snapshots(next((tmp_path / node).iterdir()))
+        m["step"] for node in ("node0", "node1") for m in list_snapshots(_run_dir(tmp_path / node))
     }
     assert steps == {1}
 
@@ -164,9 +169,25 @@ def test_two_runs_on_one_machine_keep_their_snapshots_apart(tmp_path):
     memory = memory_config(str(tmp_path / "shm"))
     run_distributed(memory_loop, 2, str(tmp_path / "a"), 3, memory=memory, ranks_per_node=1)
     run_distributed(memory_loop, 2, str(tmp_path / "b"), 2, memory=memory, ranks_per_node=1)
-    runs = sorted((tmp_path / "shm" / "node0").iterdir())
+    runs = sorted((tmp_path / "shm" / "node0").glob("run-*"))
     assert len(runs) == 2
     assert {max(m["step"] for m in list_snapshots(run)) for run in runs} == {2, 3}
+
+
+def test_a_second_run_of_the_same_work_dir_on_one_machine_is_refused(tmp_path):
+    from tests.distributed import Ranks
+    from tests.memory_trials import killed_loop
+
+    report = tmp_path / "report"
+    with Ranks(killed_loop, 2, str(tmp_path), 10_000, str(report)):
+        while not report.exists() or len(report.read_text().splitlines()) < 4:
+            time.sleep(0.05)
+        with pytest.raises(DistributedTestError) as info:
+            run_distributed(memory_loop, 2, str(tmp_path), 3)
+    assert "another run on rank 0's machine (pid " in str(info.value)
+    assert "give this run another work_dir" in str(info.value)
+    steps = {m["step"] for m in list_snapshots(_run_dir(tmp_path / "node0"))}
+    assert min(steps) > 1  # the first run's snapshots were not removed
 
 
 def test_too_little_memory_is_one_line_before_training(tmp_path):

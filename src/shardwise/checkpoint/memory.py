@@ -36,11 +36,13 @@ Example (a strategy keyword; the Runner snapshots after each ``interval``-th ite
 from __future__ import annotations
 
 import copy
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
+import socket
 import threading
 import time
 import uuid
@@ -366,6 +368,7 @@ class MemoryTier:
         self._error: BaseException | None = None
         self._run = ""  # agreed by every rank in begin()
         self._in_place = True  # the snapshot in flight writes the live tensors
+        self._lock_handle: Any = None  # this rank's lock of the directory (see _lock)
         self._begun = False
         #: the steps snapshotted, the seconds the training thread spent in them, in all
         self.snapshots, self.blocked_s = 0, 0.0
@@ -402,12 +405,41 @@ class MemoryTier:
                     top.copies,
                 )
         run, size = uuid.uuid4().hex[:12], _local_bytes(self._take_state({}))
-        sizes = self._gather((run, size), "starting the memory checkpoint tier")
+        sizes = self._gather((run, size, self._lock()), "starting the memory checkpoint tier")
+        taken = [(rank, held) for rank, (_, _, held) in enumerate(sizes) if held]
+        if taken:
+            rank, held = taken[0]
+            raise CheckpointError(
+                f"memory_checkpoint: another run on rank {rank}'s machine ({held}) is keeping "
+                f"snapshots of work_dir {self.work_dir} in {self.root.parent}: two runs of one "
+                "work_dir would mix them; give this run another work_dir, or stop the other"
+            )
         self._run = sizes[0][0]
-        self._check_room([size for _, size in sizes])
+        self._check_room([size for _, size, _ in sizes])
         if fresh:
             self._remove_earlier_snapshots()
         self.root.mkdir(parents=True, exist_ok=True)
+
+    def _lock(self) -> str | None:
+        """Hold this rank's lock of the run's memory directory for as long as the process
+        lives (the kernel drops it when the process dies, even by SIGKILL); None when taken,
+        else what the process holding it wrote into it."""
+        locks = self.root.parent / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        path = locks / f"{self.root.name}.rank{self.topology.rank}"
+        handle = open(path, "a+")  # noqa: SIM115 - held open while the process lives
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            held = handle.read().strip() or "another process"
+            handle.close()
+            return held
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        handle.flush()
+        self._lock_handle = handle
+        return None
 
     def _check_room(self, sizes: list[int]) -> None:
         """Refuse, on every rank alike, a node whose directory cannot hold the slots of its
