@@ -13,10 +13,13 @@ The *policy* (who keeps whose copy) is :class:`Topology`: ranks are grouped into
 of ``domain_size`` consecutive ranks (a node: torchrun's ``LOCAL_WORLD_SIZE``), and rank ``r``
 sends its snapshot to ``r + i * domain_size`` for ``i`` in ``1..replicas`` (NVIDIA
 resiliency-ext's clique replication with a ``replication_jump`` of one node). The *mechanism* is
-:class:`MemoryTier`: the training thread takes the state and stages it to host buffers (the
-large tensors copied in the background, the next optimizer step waiting for them, as an
-asynchronous save does, :mod:`.async_save`); a background thread writes the slot, its marker,
-and exchanges the snapshot with the replica peers over a gloo group of its own.
+:class:`MemoryTier`: the training thread takes the state (CPU tensors as they are; device
+tensors staged to host buffers, as an asynchronous save does, :mod:`.async_save`); a background
+thread writes the slot, its marker, and exchanges the snapshot with the replica peers over a
+gloo group of its own, each file sent from its pages and received into the peer's file; the
+next optimizer step waits for that thread (a crash loses at most ``interval`` steps), a forward
+that updates buffers for the tensors' copy. Each rank holds a lock of its run's directory for
+as long as it lives, so a second run of the same work_dir on the machine is refused.
 
 *Recovery* (:meth:`MemoryTier.recover`, on a restart with ``resume=True``): every rank lists
 the complete snapshots in its node's directory (its own and the replicas it holds); the ranks
