@@ -94,3 +94,29 @@ def test_a_custom_import_that_raises_inside_the_package_is_one_line(tmp_path, ca
     assert "'mislinked_pkg'" in err and "RuntimeError" in err
     assert "operator torchvision::nms does not exist" in err
     assert "reinstall" in err
+
+
+@pytest.mark.parametrize(
+    "failure, words",
+    [
+        ("raise RuntimeError('operator torchvision::nms does not exist')", ["RuntimeError"]),
+        ("import not_installed_dependency_xyz", ["pip install not_installed_dependency_xyz"]),
+    ],
+    ids=["mislinked-dependency", "missing-dependency"],
+)
+def test_a_default_scope_package_that_fails_to_import_is_one_line(
+    tmp_path, capsys, monkeypatch, failure, words
+):
+    pytest.importorskip("mmengine", reason="a default_scope package is looked up through it")
+    package = tmp_path / "pkg" / "broken_scope_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(failure + "\n")
+    (package / "registry.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    config = tmp_path / "c.py"
+    config.write_text("default_scope = 'broken_scope_pkg'\nmodel = dict(type='ImageClassifier')\n")
+    assert main(["train", str(config), "--work-dir", str(tmp_path / "w")]) == 2
+    err = _one_line(capsys)
+    assert "'broken_scope_pkg'" in err
+    for word in words:
+        assert word in err

@@ -36,7 +36,9 @@ import importlib.util
 import inspect
 import logging
 import sys
+import traceback
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -82,7 +84,9 @@ def _scope_registry(root: Any, scope: str) -> Any:
             importlib.import_module(f"{scope}.registry")
         except ModuleNotFoundError as exc:
             if exc.name not in (scope, f"{scope}.registry"):
-                raise
+                raise ImportError(_import_failure(scope, exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a package that fails inside: one line
+            raise ImportError(_import_failure(scope, exc)) from None
     pending = [root]
     while pending:
         registry = pending.pop()
@@ -90,6 +94,25 @@ def _scope_registry(root: Any, scope: str) -> Any:
             return registry
         pending.extend(registry.children.values())
     return None
+
+
+def _import_failure(scope: str, error: BaseException) -> str:
+    """One line on why the package of ``scope`` failed to import, and the fix."""
+    if isinstance(error, ModuleNotFoundError) and error.name:
+        missing = error.name.partition(".")[0]
+        return (
+            f"the package of scope {scope!r} failed to import: it needs {error.name!r}, which "
+            f"is not installed; pip install {missing} (in a version that fits {scope})"
+        )
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (in {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    detail = " ".join(str(error).split()) or "no message"
+    return (
+        f"the package of scope {scope!r} failed to import with {type(error).__name__}: "
+        f"{detail}{where}; the packages it imports do not fit each other or this torch (e.g. "
+        "a torchvision built for another torch): reinstall them in versions built for this "
+        "torch (the README's 'Training an OpenMMLab project')"
+    )
 
 
 def has_scope(fallback: str, scope: str) -> bool:
@@ -107,7 +130,10 @@ def package_entry(fallback: str, scope: str, key: str) -> Any:
     registry = _scope_registry(root, scope)
     if registry is None:
         return None
-    registry.import_from_location()
+    try:
+        registry.import_from_location()
+    except Exception as exc:  # noqa: BLE001 - a package's module that fails inside: one line
+        raise ImportError(_import_failure(scope, exc)) from None
     found = registry.module_dict.get(key)
     if found is not None:
         _use_scope_in_mmengine(scope)
