@@ -20,6 +20,7 @@ from . import (
     fault_tolerance,
     gpu,
     kill_campaign,
+    memory_checkpoint,
     meta_init,
     object_storage,
     openmmlab,
@@ -51,4 +52,5 @@ WRITERS: dict[str, Callable[[Report, dict[str, Any]], None]] = {
     "convert": convert.write,
     "object_storage": object_storage.write,
     "openmmlab": openmmlab.write,
+    "memory_checkpoint": memory_checkpoint.write,
 }
