@@ -58,7 +58,7 @@ import torch
 import torch.distributed as torch_dist
 from torch.distributed.tensor import DTensor
 
-from ..tree import map_tensors, map_with_path
+from ..tree import map_tensors
 from .agreement import gather_outcomes
 from .async_save import AsyncCheckpointer
 from .files import CheckpointError, atomic_write_text, describe_error
@@ -180,6 +180,7 @@ class Recovered:
     local_bytes: int  # read from this node's memory
     fetched_bytes: int  # received from peers
     seconds: float
+    written: float  # when its newest part was written (time.time())
 
     def resume(
         self, resume: Callable[[str], dict[str, Any]], retention: Any, log: logging.Logger
@@ -187,10 +188,11 @@ class Recovered:
         """``resume(path)``, then the gathered files removed and the retention lists the
         snapshot recorded taken over; the checkpoint's other entries."""
         log.info(
-            "Resuming from the memory snapshot of step %d (written by %d ranks): %.1f MB from "
-            "this node's memory, %.1f MB from peers, gathered in %.2f s",
+            "Resuming from the memory snapshot of step %d (written by %d ranks %.0f s ago): "
+            "%.1f MB from this node's memory, %.1f MB from peers, gathered in %.2f s",
             self.step,
             self.world,
+            time.time() - self.written,
             self.local_bytes / 1e6,
             self.fetched_bytes / 1e6,
             self.seconds,
@@ -310,12 +312,22 @@ def contains_device_tensors(state: Any) -> bool:
     return any(device != "cpu" for device in found)
 
 
+_ATOMIC = int | float | bool | str | bytes | None
+
+
 def _keep_tensors(state: Any) -> Any:
     """``state`` with its tensors as they are and everything else copied (the training
-    thread may change a dict the state holds, the message hub's, while it is written)."""
-    return map_with_path(
-        lambda _, leaf: leaf if isinstance(leaf, torch.Tensor) else copy.deepcopy(leaf), state
-    )
+    thread may change a dict the state holds, the message hub's, while it is written); a
+    list of plain numbers (a history of a million losses) is copied whole, not item by item."""
+    if isinstance(state, torch.Tensor | _ATOMIC):
+        return state
+    if type(state) is dict:
+        return {key: _keep_tensors(value) for key, value in state.items()}
+    if type(state) in (list, tuple):
+        if all(isinstance(item, _ATOMIC) for item in state):
+            return type(state)(state)
+        return type(state)(_keep_tensors(item) for item in state)
+    return copy.deepcopy(state)
 
 
 def _local_bytes(state: Any) -> int:
@@ -689,7 +701,9 @@ class MemoryTier:
         for m in mine:  # the steps after it were not completed everywhere: never resumed
             if (m["run"], m["world"]) != (run, world) or m["step"] > step:
                 (Path(m["slot"]) / MARKER).unlink(missing_ok=True)
-        self.recovered = Recovered(out, step, world, local, fetched, time.perf_counter() - start)
+        written = max(m["time"] for inv in inventories for m in inv if _key(m) == chosen[0])
+        seconds = time.perf_counter() - start
+        self.recovered = Recovered(out, step, world, local, fetched, seconds, written)
         self._run = run  # the run goes on: its next snapshots continue the same series
         return self.recovered
 
