@@ -29,7 +29,6 @@ import os
 import shutil
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from _common import (
@@ -49,7 +48,6 @@ ASYNC_TARGET = 0.1
 
 def _prepare(work_dir: str, memory: dict[str, Any] | None, **kwargs: Any):
     import torch
-
     from _models import PRESETS, build_gpt, make_batches
 
     strategy = gpt_fsdp_strategy(work_dir, memory_checkpoint=memory, **kwargs)
@@ -101,7 +99,10 @@ def _plain_copy_s(strategy, repeats: int = 3) -> float:
     from shardwise.tree import map_tensors
 
     tensors: list[torch.Tensor] = []
-    map_tensors(lambda t: tensors.append(t.to_local() if isinstance(t, DTensor) else t), strategy.checkpointer.state())
+    map_tensors(
+        lambda t: tensors.append(t.to_local() if isinstance(t, DTensor) else t),
+        strategy.checkpointer.state(),
+    )
     buffers = [torch.empty_like(t) for t in tensors]
     times = []
     for _ in range(repeats):
@@ -152,14 +153,18 @@ def overhead(root: str, intervals: list[int], rounds: int, per_round: int) -> di
 def async_loop(root: str, repeats: int) -> dict[str, Any]:
     """One process: a 12-step loop with a save every 4 steps (none, async, sync), alternating;
     each loop's seconds."""
-    strategy, model, wrapper, batches = _prepare(os.path.join(root, "work"), None, state_dict_cfg="sharded")
+    strategy, model, wrapper, batches = _prepare(
+        os.path.join(root, "work"), None, state_dict_cfg="sharded"
+    )
 
     def loop(mode: str, tag: int) -> float:
         start = time.perf_counter()
         for i in range(12):
             _step(model, wrapper, batches, i)
             if mode != "none" and (i + 1) % 4 == 0:
-                strategy.save_checkpoint(f"{mode}_{tag}_{i}", async_save=mode == "async", max_keep_ckpts=2, series=mode)
+                strategy.save_checkpoint(
+                    f"{mode}_{tag}_{i}", async_save=mode == "async", max_keep_ckpts=2, series=mode
+                )
         strategy.wait_for_checkpoint()
         return time.perf_counter() - start
 
@@ -185,7 +190,9 @@ def recovery(root: str, tier: str, url: str | None) -> dict[str, Any]:
     read: dict[str, Any] = {}
     if tier == "memory":
         resumed = strategy.checkpointer.load_or_resume(resume=True)
-        read["tier"] = "memory" if resumed and "memory_step" in resumed.get("meta", {}) else "storage"
+        read["tier"] = (
+            "memory" if resumed and "memory_step" in resumed.get("meta", {}) else "storage"
+        )
         gathered = strategy.checkpointer.memory.recovered
         read.update(local_mb=gathered.local_bytes / 1e6, fetched_mb=gathered.fetched_bytes / 1e6)
     else:
@@ -207,7 +214,9 @@ def snapshot_and_save(root: str, url: str | None) -> dict[str, Any]:
     """The run that is lost: 4 steps, a memory snapshot every step, a sharded checkpoint of
     step 4 to the disk (and to ``url``)."""
     memory = dict(interval=1, replicas=1, dir=os.path.join(root, "shm{domain}"), failure_domain=1)
-    strategy, model, wrapper, batches = _prepare(os.path.join(root, "work"), memory, state_dict_cfg="sharded")
+    strategy, model, wrapper, batches = _prepare(
+        os.path.join(root, "work"), memory, state_dict_cfg="sharded"
+    )
     tier = strategy.checkpointer.memory
     for i in range(4):
         _step(model, wrapper, batches, i)
@@ -220,7 +229,9 @@ def snapshot_and_save(root: str, url: str | None) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- the driver
-def _ratios(times: dict[str, list[float]], base: str, rounds: int, per_round: int) -> dict[str, float]:
+def _ratios(
+    times: dict[str, list[float]], base: str, rounds: int, per_round: int
+) -> dict[str, float]:
     """Per contender, the median over rounds of (its block's median step / the base block's)
     - 1: the added step time."""
     out = {}
@@ -238,7 +249,10 @@ def _ratios(times: dict[str, list[float]], base: str, rounds: int, per_round: in
 
 def _slowest(results: list[dict[str, Any]], key: str = "times") -> dict[str, list[float]]:
     names = results[0][key]
-    return {n: [max(r[key][n][i] for r in results) for i in range(len(results[0][key][n]))] for n in names}
+    return {
+        n: [max(r[key][n][i] for r in results) for i in range(len(results[0][key][n]))]
+        for n in names
+    }
 
 
 def _s3_server():
@@ -288,7 +302,12 @@ def run(quick: bool = True) -> dict[str, Any]:
         two = run_ranks(
             "memory_checkpoint:overhead",
             2,
-            dict(root=os.path.join(root, "two"), intervals=[1, 10], rounds=rounds, per_round=max(per_round, 10) if not quick else 10),
+            dict(
+                root=os.path.join(root, "two"),
+                intervals=[1, 10],
+                rounds=rounds,
+                per_round=max(per_round, 10) if not quick else 10,
+            ),
             timeout=2400,
         )
         per = 10
@@ -306,11 +325,19 @@ def run(quick: bool = True) -> dict[str, Any]:
             copy_s=copy_s,
             over_copy=added["every 1"] * step / copy_s,
             state_mb_per_rank=max(r["state_bytes"] for r in two) / 1e6,
-            targets=dict(over_copy=TARGETS["two ranks every step / copy"], every10=TARGETS["two ranks every 10"]),
+            targets=dict(
+                over_copy=TARGETS["two ranks every step / copy"],
+                every10=TARGETS["two ranks every 10"],
+            ),
         )
         shutil.rmtree(os.path.join(root, "two"), ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="shardwise-bench-memory-") as disk:
-        loops = run_ranks("memory_checkpoint:async_loop", 1, dict(root=disk, repeats=3 if quick else 5), timeout=1800)[0]
+        loops = run_ranks(
+            "memory_checkpoint:async_loop",
+            1,
+            dict(root=disk, repeats=3 if quick else 5),
+            timeout=1800,
+        )[0]
         none, asy, syn = (median(loops[m]) for m in ("none", "async", "sync"))
         result["async_save"] = dict(
             loop_none_s=none,
@@ -329,19 +356,26 @@ def _recovery() -> dict[str, Any]:
     server = _s3_server()
     url = None if server is None else "s3://bench/memory-recovery"
     out: dict[str, Any] = {"s3": "moto[server] is not installed" if server is None else "moto"}
-    with tempfile.TemporaryDirectory(prefix="shardwise-bench-recovery-", dir="/dev/shm") as shm_root:
+    with tempfile.TemporaryDirectory(
+        prefix="shardwise-bench-recovery-", dir="/dev/shm"
+    ) as shm_root:
         root = shm_root
         run_ranks("memory_checkpoint:snapshot_and_save", 2, dict(root=root, url=url), timeout=1200)
         shutil.rmtree(os.path.join(root, "shm1"))  # node 1 is lost, and its memory
         checkpoint_bytes = path_bytes(os.path.join(root, "work", "iter_4"))
         for tier in ("memory", "disk", *(["s3"] if url else [])):
-            ranks = run_ranks("memory_checkpoint:recovery", 2, dict(root=root, tier=tier, url=url), timeout=1200)
+            ranks = run_ranks(
+                "memory_checkpoint:recovery", 2, dict(root=root, tier=tier, url=url), timeout=1200
+            )
             out[tier] = dict(
                 to_first_step_s=max(r["to_first_step_s"] for r in ranks),
                 build_s=max(r["build_s"] for r in ranks),
                 resume_s=max(r["resume_s"] for r in ranks),
                 resumed_from=ranks[0]["tier"],
             )
+            if tier == "memory":  # what the ranks gathered: from their own node, from peers
+                for key in ("local_mb", "fetched_mb"):
+                    out[tier][key] = sum(r[key] for r in ranks)
         out["checkpoint_mb"] = checkpoint_bytes / 1e6
     if server is not None:
         server.stop()
