@@ -127,6 +127,8 @@ class Checkpointer:
         max_keep_ckpts: the default of :meth:`save`'s ``max_keep_ckpts``.
         verify_checksums: the default of :meth:`load`'s and :meth:`resume`'s.
         logger: where saves and loads are reported.
+        run_label: how a person finds this run (the strategy's log folder), recorded with
+            each local checkpoint it commits; a later run that overwrites one names it.
     """
 
     def __init__(
@@ -139,6 +141,7 @@ class Checkpointer:
         max_keep_ckpts: int = -1,
         verify_checksums: bool = True,
         logger: logging.Logger | None = None,
+        run_label: str = "",
     ) -> None:
         self.work_dir = location(work_dir)
         self.layout = layout
@@ -155,7 +158,7 @@ class Checkpointer:
         #: Stages asynchronous saves in host memory and writes them in the background.
         self.stager = AsyncCheckpointer()
         #: The prefixes on object storage this run writes (see :mod:`.object_commit`).
-        self.claims = RunClaims()
+        self.claims = RunClaims(run_label)
         #: The memory tier (:mod:`.memory`: snapshots in node memory), if the strategy has one.
         self.memory: Any = None
 
@@ -350,6 +353,8 @@ class Checkpointer:
         if max_keep > 0:
             kept, retire = self.retention.plan(path, max_keep, series)
             state.setdefault("meta", {})["kept_checkpoints"] = kept
+        if layout.rank == 0:
+            _say_if_overwriting(path, self.claims, self.logger)
         if in_background:
             return self._save_in_background(state, path, fmt, start, retire)
         commit = commit_for(path, self.work_dir, self.claims, fmt.is_dir, retire)
@@ -614,3 +619,23 @@ def revise_state_dict_keys(
         regex = re.compile(pattern)
         revised = {regex.sub(replacement, k): v for k, v in revised.items()}
     return revised
+
+
+def _say_if_overwriting(path: Path | ObjectURL, claims: RunClaims, logger: logging.Logger) -> None:
+    """A warning before a save replaces a checkpoint another run committed at the local
+    ``path`` (on object storage, the prefix's claim refuses another run's saves)."""
+    previous = claims.another_runs(path) if isinstance(path, Path) else None
+    if previous is None:
+        return
+    if previous.get("label"):
+        who = f"the run logged in {previous['label']}"
+    elif previous.get("pid"):
+        who = f"pid {previous['pid']} on {previous.get('host', '?')}"
+    else:
+        who = f"at {previous.get('created') or 'an unknown time'}"
+    logger.warning(
+        "Overwriting %s, which another run committed in this work dir (%s); give each run its "
+        "own work_dir (--work-dir) to keep both",
+        path,
+        who,
+    )

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -149,8 +149,9 @@ def _commit_on_rank0(
     work_dir: Path | None,
     digests: dict[str, dict[str, Any]],
     retire: list[Path],
+    run: Mapping[str, Any] | None = None,
 ) -> None:
-    manifest = stage_manifest(staging, final, known=digests)  # hashes what no rank reported
+    manifest = stage_manifest(staging, final, known=digests, run=run)  # hashes the rest
     replaced = replaced_path(final)
     if final.exists():
         remove_path(replaced)
@@ -197,6 +198,7 @@ class CheckpointCommit:
         group: the process group carrying the agreement (default: the world).
         is_dir: the staging path is a directory, created on entry.
         retire: checkpoints rank 0 deletes once this one is committed (never ``final``).
+        run: the saving run, recorded in the manifest (``run``).
     """
 
     def __init__(
@@ -207,7 +209,9 @@ class CheckpointCommit:
         group: dist.ProcessGroup | None = None,
         is_dir: bool = False,
         retire: Sequence[str | os.PathLike[str]] = (),
+        run: Mapping[str, Any] | None = None,
     ) -> None:
+        self.run = run
         self.final = Path(final).absolute()
         self.retire = [Path(p).absolute() for p in retire]
         self.staging = staging_path(self.final)
@@ -271,7 +275,9 @@ class CheckpointCommit:
                     remove_path(self.staging)
                 else:
                     merged = {k: v for _, d in outcomes for k, v in d.items()}
-                    _commit_on_rank0(self.staging, self.final, self.work_dir, merged, self.retire)
+                    _commit_on_rank0(
+                        self.staging, self.final, self.work_dir, merged, self.retire, self.run
+                    )
             except Exception as exc:  # noqa: BLE001 - reported to every rank below
                 commit_error = exc
         committing = f"committing {self.final}"

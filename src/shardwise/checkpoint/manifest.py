@@ -203,11 +203,13 @@ def build_manifest(
     name: str | None = None,
     on_bytes: OnBytes | None = None,
     known: Mapping[str, Mapping[str, Any]] | None = None,
+    run: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The manifest of ``checkpoint`` (a directory, or a file recorded as ``name``, by
     default its own name). ``known`` holds entries hashed already (by the rank that wrote
     the file, in the commit protocol): a file listed there with the size on disk is not read
-    again; every other file is hashed here."""
+    again; every other file is hashed here. ``run``: the run that saves it (recorded as
+    ``run``; see :class:`~.object_commit.RunClaims`)."""
     checkpoint = Path(checkpoint)
     if checkpoint.is_dir():
         entries = {rel: checkpoint / rel for rel in _checkpoint_files(checkpoint)}
@@ -222,12 +224,15 @@ def build_manifest(
             files[rel] = {"size": size, ALGORITHM: recorded[ALGORITHM]}
         else:
             files[rel] = {"size": size, ALGORITHM: file_checksum(path, on_bytes)}
-    return dict(
+    manifest = dict(
         manifest_version=_VERSION,
         algorithm=ALGORITHM,
         created=time.strftime("%Y-%m-%d %H:%M:%S"),
         files=files,
     )
+    if run:
+        manifest["run"] = dict(run)
+    return manifest
 
 
 def _dump(manifest: dict[str, Any]) -> str:
@@ -602,6 +607,7 @@ def stage_manifest(
     final: str | os.PathLike[str],
     *,
     known: Mapping[str, Mapping[str, Any]] | None = None,
+    run: Mapping[str, Any] | None = None,
 ) -> PendingManifest:
     """The commit-protocol hook: record the manifest of ``staging`` before it is renamed to
     ``final``; call ``.commit()`` on the result after the rename. ``known``: entries the
@@ -615,10 +621,10 @@ def stage_manifest(
     staging, final = Path(staging), Path(final)
     sidecar = sidecar_path(final)
     if staging.is_dir():
-        write_synced(staging / MANIFEST, _dump(build_manifest(staging, known=known)))
+        write_synced(staging / MANIFEST, _dump(build_manifest(staging, known=known, run=run)))
         sidecar.unlink(missing_ok=True)  # left by a file checkpoint this directory replaces
         return PendingManifest()
     staged = staging_path(sidecar)
-    write_synced(staged, _dump(build_manifest(staging, name=final.name, known=known)))
+    write_synced(staged, _dump(build_manifest(staging, name=final.name, known=known, run=run)))
     sidecar.unlink(missing_ok=True)
     return PendingManifest(staged, sidecar)

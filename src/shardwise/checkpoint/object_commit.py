@@ -64,7 +64,7 @@ from .files import (
     atomic_write_text,
     describe_error,
 )
-from .manifest import ALGORITHM, MANIFEST, file_checksum
+from .manifest import ALGORITHM, MANIFEST, file_checksum, read_manifest
 from .storage import (
     ObjectURL,
     delete_objects,
@@ -191,17 +191,41 @@ class RunClaims:
     counts): which it claimed, which checkpoints it resumed from, its last sequence number.
     See the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str = "") -> None:
         self.run = uuid.uuid4().hex[:16]
+        #: How a person finds this run (the strategy gives its log folder).
+        self.label = label
         self._owned: dict[str, str] = {}  # prefix -> the ETag of the claim this run wrote
         self._resumed: set[str] = set()
         self._sequence: dict[str, int] = {}
+        self._continued: set[str] = set()  # the runs this one resumed from, by id
+
+    def manifest_entry(self) -> dict[str, Any]:
+        """The ``run`` a local checkpoint's manifest records: who committed it."""
+        entry: dict[str, Any] = dict(id=self.run, host=socket.gethostname(), pid=os.getpid())
+        if self.label:
+            entry["label"] = self.label
+        return entry
 
     def resumed_from(self, checkpoint: str | os.PathLike[str]) -> None:
         """This run resumed from ``checkpoint``: it may take over the prefix whose newest
-        checkpoint that is (a local path: nothing to claim)."""
+        checkpoint that is, and it continues the run that committed it (which
+        :meth:`another_runs` then does not count as another)."""
         if is_url(checkpoint):
             self._resumed.add(str(location(checkpoint)))
+            return
+        previous = _run_of(checkpoint)
+        if previous is not None and previous.get("id"):
+            self._continued.add(str(previous["id"]))
+
+    def another_runs(self, checkpoint: Path) -> dict[str, Any] | None:
+        """The run that committed the local ``checkpoint``, when it is neither this run nor
+        one this run continues (``{}``: a manifest that does not say); None otherwise, or
+        when nothing committed is there."""
+        previous = _run_of(checkpoint)
+        if previous is None or previous.get("id") in {self.run, *self._continued}:
+            return None
+        return previous
 
     def _record(self) -> bytes:
         return _dumps(
@@ -493,6 +517,21 @@ class ObjectCommit:
         return False
 
 
+def _run_of(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The ``run`` recorded in a local checkpoint's manifest (``{}`` when it has none, with
+    the manifest's ``created``); None when it is not committed."""
+    try:
+        manifest = read_manifest(checkpoint)
+    except CheckpointError:
+        return None
+    if manifest is None:
+        return None
+    run = manifest.get("run")
+    found = dict(run) if isinstance(run, dict) else {}
+    found.setdefault("created", manifest.get("created"))
+    return found
+
+
 def commit_for(
     path: Path | ObjectURL,
     work_dir: Path | ObjectURL | None,
@@ -510,7 +549,14 @@ def commit_for(
             path, work_dir=work_dir, group=group, is_dir=is_dir, retire=retire, claims=claims
         )
     local = work_dir if isinstance(work_dir, Path) else None
-    return CheckpointCommit(path, work_dir=local, group=group, is_dir=is_dir, retire=retire)
+    return CheckpointCommit(
+        path,
+        work_dir=local,
+        group=group,
+        is_dir=is_dir,
+        retire=retire,
+        run=claims.manifest_entry(),
+    )
 
 
 def _delete(prefix: ObjectURL, names: Sequence[str]) -> None:
