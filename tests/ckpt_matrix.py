@@ -541,8 +541,20 @@ def round_trips(
     case: Case, targets: Sequence[str], tmp: str | os.PathLike[str]
 ) -> tuple[list[Any], list[list[Any]]]:
     """``case`` from one source run onto each of ``targets`` (``case.target`` ignored): the
-    source's results and each target's, rank by rank."""
+    source's results and each target's, rank by rank. The ranks run in ``tmp`` (where a
+    source on object storage keeps its logs, in ``work_dirs``)."""
     tmp = Path(tmp)
+    before_cwd = os.getcwd()
+    os.chdir(tmp)
+    try:
+        return _round_trips(case, targets, tmp)
+    finally:
+        os.chdir(before_cwd)
+
+
+def _round_trips(
+    case: Case, targets: Sequence[str], tmp: Path
+) -> tuple[list[Any], list[list[Any]]]:
     source_dir: Any = tmp / "source"
     env: dict[str, str] = {}
     if case.storage == "s3":

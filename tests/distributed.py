@@ -2,7 +2,8 @@
 
 ``run_distributed(fn, world_size, *args)`` starts ``world_size`` processes with the
 environment torchrun would give them (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR``, ``MASTER_PORT``), calls ``fn(*args)`` in each and returns the list of
+``MASTER_ADDR``, ``MASTER_PORT``; in the caller's working directory), calls ``fn(*args)`` in
+each and returns the list of
 return values, rank by rank. The process group is *not* initialised for ``fn`` unless
 ``init_pg=True``; any rank's exception is re-raised in the test with that rank's
 traceback, and a run that outlives ``timeout`` seconds is killed and reported.
@@ -47,8 +48,9 @@ def _context() -> Any:
     return ctx
 
 
-def _worker(fn, rank, world_size, port, init_pg, env, args, kwargs, results) -> None:
+def _worker(fn, rank, world_size, port, init_pg, env, cwd, args, kwargs, results) -> None:
     faulthandler.enable()  # a rank that crashes (SIGSEGV, SIGABRT) prints its Python stack
+    os.chdir(cwd)  # the test's working directory, not the fork server's
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -92,11 +94,11 @@ def run_distributed(
     """Run ``fn(*args, **kwargs)`` on ``world_size`` processes; return each rank's result."""
     ctx = _context()
     results = ctx.Queue()
-    port = free_port()
+    port, cwd = free_port(), os.getcwd()
     procs = [
         ctx.Process(
             target=_worker,
-            args=(fn, rank, world_size, port, init_pg, env or {}, args, kwargs, results),
+            args=(fn, rank, world_size, port, init_pg, env or {}, cwd, args, kwargs, results),
             name=f"rank{rank}",
         )
         for rank in range(world_size)
@@ -154,12 +156,12 @@ class Ranks:
     def __init__(
         self, fn: Callable[..., Any], world_size: int, *args: Any, env: dict[str, str] | None = None
     ) -> None:
-        ctx, port = _context(), free_port()
+        ctx, port, cwd = _context(), free_port(), os.getcwd()
         self._results = ctx.Queue()
         self.procs = [
             ctx.Process(
                 target=_worker,
-                args=(fn, rank, world_size, port, False, env or {}, args, {}, self._results),
+                args=(fn, rank, world_size, port, False, env or {}, cwd, args, {}, self._results),
             )
             for rank in range(world_size)
         ]

@@ -42,14 +42,17 @@ if "CRASH_AT" in os.environ:
 
 
 def shardwise(*args: str, env: dict[str, str] | None = None, timeout: float = 180):
-    """Run ``python -m shardwise.cli ARGS`` from the repository root."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    """Run ``python -m shardwise.cli ARGS`` in the test's working directory (the repository's
+    root, or a temporary one: see ``outside_the_repository`` in conftest.py), the repository
+    importable."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **(env or {})}
     for name in ("STOP_AT", "CRASH_AT"):
         if env is None or name not in env:
             full_env.pop(name, None)
     return subprocess.run(
         [sys.executable, "-m", "shardwise.cli", *args],
-        cwd=REPO,
+        cwd=os.getcwd(),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import logging
 from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,6 +37,8 @@ from tests.s3_server import FaultProxy, shared_server
 from tests.test_fsdp import full_weights
 from tests.test_fsdp_checkpoint import SCHEDULERS, _prepare, _steps
 from tests.toy import ToyNet, train_steps
+
+pytestmark = pytest.mark.usefixtures("outside_the_repository")  # URL work dirs log in ./
 
 
 @pytest.fixture(scope="module")
@@ -438,3 +441,29 @@ def test_a_memory_url_round_trips_without_a_server(tmp_path):
     strategy, model, *_ = _toy(work_dir)
     strategy.load_or_resume(resume=True)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
+
+
+def test_a_url_work_dir_keeps_its_logs_apart_from_a_local_run_of_the_same_name():
+    local = SingleDeviceStrategy(work_dir="work_dirs/gpt")
+    remote = SingleDeviceStrategy(work_dir="memory://shardwise-test/gpt")
+    assert Path(remote.log_dir).parent == Path("work_dirs/memory/shardwise-test/gpt").absolute()
+    assert Path(local.log_dir).parent == Path("work_dirs/gpt").absolute()
+    # `shardwise plot work_dirs/gpt` reads the local run's logs alone
+    assert not Path(remote.log_dir).is_relative_to(Path("work_dirs/gpt").absolute())
+
+
+def test_retention_on_a_store_names_what_it_deletes():
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("shardwise.checkpoint")
+    logger.addHandler(handler)
+    work_dir = "memory://shardwise-test/retained"
+    try:
+        strategy, *_ = _toy(work_dir, max_keep_ckpts=1)
+        strategy.save_checkpoint("iter_1.pth")
+        strategy.save_checkpoint("iter_2.pth")
+    finally:
+        logger.removeHandler(handler)
+    said = [r.getMessage() for r in records if r.getMessage().startswith("Deleted")]
+    assert said == [f"Deleted the outdated checkpoint {work_dir}/iter_1.pth (max_keep_ckpts)"]

@@ -21,7 +21,7 @@ from tests.distributed import REPO
 from tests.object_kill import kill_summary, run_chain
 from tests.test_object_storage import s3  # noqa: F401 - the S3 server fixture
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("outside_the_repository")]
 
 CONFIG = """
 custom_imports = dict(imports=["tests.test_runner_support"])
@@ -39,7 +39,7 @@ randomness = dict(seed=0)
 """
 
 
-def _train(config, work_dir, env, *extra, cwd=REPO):
+def _train(config, work_dir, env, *extra, cwd=None):  # None: a temporary directory
     cmd = [sys.executable, "-m", "shardwise.cli", "train", str(config), "--work-dir", work_dir]
     cmd += ["--nproc-per-node", "2", *extra]
     run = subprocess.run(

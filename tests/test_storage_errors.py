@@ -15,6 +15,8 @@ from tests.distributed import free_port
 from tests.s3_server import FaultProxy, shared_server
 from tests.test_cli_train import TINY, shardwise, train
 
+pytestmark = pytest.mark.usefixtures("outside_the_repository")  # URL work dirs log in ./
+
 
 @pytest.fixture(scope="module")
 def s3():

@@ -52,9 +52,19 @@ from .building import (
 from .checkpoints import StrategyCheckpoints
 from .matching import unwrap_model
 
-__all__ = ["BaseStrategy"]
+__all__ = ["BaseStrategy", "local_log_root"]
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def local_log_root(url: str) -> Path:
+    """Where a run whose work_dir is the URL ``url`` keeps its logs (each run in a timestamped
+    folder below): ``./work_dirs/<protocol>/<the rest of the URL>``, so that
+    ``s3://bucket/gpt`` does not log into the ``work_dirs/gpt`` of a local run (nor mix its
+    curves into that run's ``shardwise plot``)."""
+    protocol, _, rest = str(url).partition("://")
+    parts = [part for part in rest.split("/") if part not in ("", ".", "..")]
+    return Path("work_dirs", protocol, *parts).absolute()
 
 
 class BaseStrategy(StrategyCheckpoints):
@@ -63,9 +73,9 @@ class BaseStrategy(StrategyCheckpoints):
     Args:
         work_dir: where checkpoints, logs and ``last_checkpoint`` go; an object-store URL
             (``s3://bucket/run``, any fsspec URL) keeps the checkpoints and
-            ``last_checkpoint`` there and the logs in ``work_dirs/<its last part>`` (checked
-            on every rank before anything else: the protocol's package, the credentials and
-            the bucket).
+            ``last_checkpoint`` there and the logs in ``work_dirs/<protocol>/<bucket>/<path>``
+            (:func:`local_log_root`; checked on every rank before anything else: the
+            protocol's package, the credentials and the bucket).
         experiment_name: defaults to the timestamp of this run.
         env_kwargs: ``launcher`` (inferred when absent), ``cudnn_benchmark``, ``mp_cfg``,
             ``dist_cfg`` (``backend``, ``timeout``), ``resource_limit`` (``RLIMIT_NOFILE``
@@ -119,7 +129,7 @@ class BaseStrategy(StrategyCheckpoints):
         local_dir = self._work_dir
         if isinstance(local_dir, ObjectURL):  # refused on every rank, or on none
             on_every_rank(lambda: check_storage(self.work_dir), f"checking work_dir={work_dir}")
-            local_dir = Path("work_dirs", local_dir.name).absolute()
+            local_dir = local_log_root(local_dir)
         self._log_dir = local_dir / self._timestamp
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self.logger = self.build_logger(**(log_kwargs or {}))
@@ -129,6 +139,7 @@ class BaseStrategy(StrategyCheckpoints):
             max_keep_ckpts=max_keep_ckpts,
             verify_checksums=verify_checksums,
             logger=self.logger,
+            run_label=str(self._log_dir),
         )
         self.dispatch_kwargs: dict[str, Any] = {}
         self._prepared = False
