@@ -17,17 +17,27 @@ import os
 import warnings
 from collections.abc import Iterator
 
-__all__ = ["quiet_if_said_elsewhere", "said_elsewhere", "warnings_to_log_file"]
+__all__ = [
+    "quiet_if_said_elsewhere",
+    "said_elsewhere",
+    "started_by_shardwise_train",
+    "warnings_to_log_file",
+]
+
+
+def started_by_shardwise_train() -> bool:
+    """Whether this process is a worker that ``shardwise train`` started (its parent)."""
+    from .launch import LAUNCHER_PID_ENV
+
+    return os.environ.get(LAUNCHER_PID_ENV, "") == str(os.getppid())
 
 
 def said_elsewhere() -> bool:
     """Whether this process is a rank whose messages about the config another process prints:
     any rank that ``shardwise train`` started (it checked the config first), else a rank
     other than 0."""
-    from .launch import LAUNCHER_PID_ENV
-
     rank = os.environ.get("RANK")
-    return rank is not None and (rank != "0" or bool(os.environ.get(LAUNCHER_PID_ENV)))
+    return rank is not None and (rank != "0" or started_by_shardwise_train())
 
 
 @contextlib.contextmanager

@@ -23,6 +23,8 @@ from typing import Any
 from shardwise.checkpoint.object_commit import PrefixClaimedError
 from shardwise.checkpoint.storage import StorageConfigError
 
+from .once import started_by_shardwise_train
+
 __all__ = ["REFUSALS_ENV", "REFUSED", "REFUSED_EXIT_CODE", "Refusals", "refuse"]
 
 #: The folder where the ranks leave their refusal (set by :class:`Refusals` for its workers).
@@ -38,7 +40,7 @@ def refuse(error: BaseException) -> int:
     line = f"shardwise train: error: {' '.join(str(error).split())}"
     folder = os.environ.get(REFUSALS_ENV)
     rank = os.environ.get("RANK", "0")
-    if folder and Path(folder).is_dir():
+    if folder and started_by_shardwise_train() and Path(folder).is_dir():
         (Path(folder) / f"rank{int(rank):06d}").write_text(line, encoding="utf-8")
     elif rank == "0":
         print(line, file=sys.stderr, flush=True)
