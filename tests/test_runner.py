@@ -709,7 +709,7 @@ def test_rank_zero_shows_a_progress_bar_with_loss_and_lr(tmp_path, capsys, monke
     monkeypatch.setattr(logger_hook, "_is_terminal", lambda stream: True)  # as in a terminal
     _runner(tmp_path, default_hooks=dict(logger=dict(interval=4))).train()
     err = capsys.readouterr().err
-    assert "16/16" in err and "loss=" in err and "lr=" in err
+    assert "16/16" in err and "(smoothed over 10)" in err and "lr " in err
     monkeypatch.undo()  # captured output is no terminal: no bar, the console lines only
     _runner(tmp_path, "plain", default_hooks=dict(logger=dict(interval=4))).train()
     assert "16/16" not in capsys.readouterr().err
