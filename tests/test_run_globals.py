@@ -29,6 +29,8 @@ def test_two_runners_in_one_process_find_nothing_of_each_other(tmp_path):
     assert "Error" not in proc.stderr, proc.stderr[-4000:]  # no FileNotFoundError of a logger
     report = json.loads(proc.stdout.split("REPORT ", 1)[1])
     before = report["before"]
+    assert report["between_stages"] == before
+    assert list(report["val_after_train"]) == ["fakemm/top1"]  # built in fakemm's scope
     assert report["after_first"] == before
     assert report["after_second"] == before
     inside = report["inside_second"]

@@ -2,7 +2,8 @@
 OpenMMLab-style one (the stand-in package ``fakemm``, its default scope, mmengine's logger,
 checkpoints to an ``out_dir`` URL with ``backend_args``), its work dir then deleted, and a plain
 one. Prints, as JSON, the process's globals before, after the first, inside the second (from a
-hook) and after it: ``python tests/two_runners.py TMP_DIR``."""
+hook) and after it: ``python tests/two_runners.py TMP_DIR``. The first also validates after
+training (``val()`` after ``train()``: its globals set again, then put back)."""
 
 from __future__ import annotations
 
@@ -102,6 +103,8 @@ def main(tmp: Path) -> None:
     cfg.work_dir = str(tmp / "first")
     runner = Runner.from_cfg(cfg)
     runner.train()
+    report["between_stages"] = globals_now()
+    report["val_after_train"] = runner.val()  # the run's scopes and logger set again
     report["first_log_dir"] = runner.log_dir
     report["after_first"] = globals_now()
     del runner
