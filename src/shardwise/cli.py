@@ -35,7 +35,8 @@ Kubeflow pod (its ``PET_*`` variables).
 Exit status: 0 on success; 2 for bad input, one line on stderr: found before any worker
 starts (the config, a flag, a checkpoint path, a store that cannot be reached or written) or
 by the workers (the work dir's prefix claimed by another run); 143 after a preemption
-checkpoint; 1 for a failure while training.
+checkpoint; 130 after Ctrl-C (the first finishes the step and saves where the config saves
+checkpoints; a second stops at once); 1 for a failure while training.
 """
 
 _TRAIN_EXAMPLES = """
