@@ -316,7 +316,10 @@ def _check_writes(url: str, what: str) -> None:
 
 def _check_bucket(fs: Any, url: str, bucket: str, what: str) -> None:
     try:
-        retried("reading", f"{protocol_of(url)}://{bucket}", fs.info, bucket)
+        # before training: the one line of its outcome, not a note per retry
+        retried(
+            "reading", f"{protocol_of(url)}://{bucket}", fs.info, bucket, retry_notes=logging.DEBUG
+        )
     except FileNotFoundError:
         raise StorageConfigError(
             f"{what}={str(url)!r}: the bucket {bucket!r} does not exist (or these credentials "
@@ -387,12 +390,14 @@ def retried(
     fn: Callable[..., T],
     *args: Any,
     policy: RetryPolicy | None = None,
+    retry_notes: int = logging.WARNING,
     **kwargs: Any,
 ) -> T:
     """``fn(*args, **kwargs)``, retried with backoff while it fails in a way a retry may
-    mend (:func:`_transient`); then :class:`~.files.CheckpointError` naming ``action`` and
-    the object. A failure a retry would not change is raised at once, as it is (a missing
-    object is ``FileNotFoundError``), except missing credentials: one line saying so."""
+    mend (:func:`_transient`), each retry logged at ``retry_notes``; then
+    :class:`StorageUnreachableError` naming ``action`` and the object. A failure a retry
+    would not change is raised at once, as it is (a missing object is
+    ``FileNotFoundError``), except missing credentials: one line saying so."""
     policy = policy or RetryPolicy.from_env()
     for attempt in range(1, policy.attempts + 1):
         try:
@@ -413,7 +418,8 @@ def retried(
                     f"{describe_error(exc)}; the store is unreachable or refusing requests"
                 ) from exc
             delay = policy.wait(attempt)
-            logger.warning(
+            logger.log(
+                retry_notes,
                 "%s %s failed (%s); retrying in %.2f s (attempt %d of %d)",
                 action,
                 url,
