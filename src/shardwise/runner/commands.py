@@ -290,12 +290,12 @@ def _apply_auto_resume(cfg: Any) -> str | None:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     if restart == 0:
         return None
-    latest = find_last_checkpoint(cfg.work_dir)
-    launched = float(os.environ.get(LAUNCH_TIME_ENV, "0") or 0)
     strategy = cfg.get("strategy") or {}
     if isinstance(strategy, Mapping) and strategy.get("memory_checkpoint") not in (None, False):
         cfg.resume, cfg.load_from = True, None  # the memory tier first, then storage's newest
         return f"Restart {restart}: resuming from the newest snapshot in memory, else storage"
+    latest = find_last_checkpoint(cfg.work_dir)
+    launched = float(os.environ.get(LAUNCH_TIME_ENV, "0") or 0)
     committed = commit_time(latest) if is_url(latest or "") else os.stat(latest or ".").st_mtime
     if latest is not None and committed >= launched:
         cfg.resume, cfg.load_from = latest, None
