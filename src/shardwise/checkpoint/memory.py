@@ -303,30 +303,28 @@ def format_memory(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def contains_device_tensors(state: Any) -> bool:
-    """Whether any tensor of ``state`` (a DTensor's shard) is off the CPU."""
-    found = []
-    map_tensors(
-        lambda t: found.append((t.to_local() if isinstance(t, DTensor) else t).device.type), state
-    )
-    return any(device != "cpu" for device in found)
-
-
 _ATOMIC = int | float | bool | str | bytes | None
 
 
-def _keep_tensors(state: Any) -> Any:
-    """``state`` with its tensors as they are and everything else copied (the training
-    thread may change a dict the state holds, the message hub's, while it is written); a
-    list of plain numbers (a history of a million losses) is copied whole, not item by item."""
-    if isinstance(state, torch.Tensor | _ATOMIC):
+def _keep_tensors(state: Any, devices: set[str]) -> Any:
+    """``state`` with its tensors as they are (their device types added to ``devices``) and
+    everything else copied (the training thread may change a dict the state holds, the
+    message hub's, while it is written); a list of plain numbers (a history of a million
+    losses) is copied whole, not item by item."""
+    if isinstance(state, torch.Tensor):
+        devices.add((state.to_local() if isinstance(state, DTensor) else state).device.type)
         return state
-    if type(state) is dict:
-        return {key: _keep_tensors(value) for key, value in state.items()}
+    if isinstance(state, _ATOMIC):
+        return state
+    if isinstance(state, dict):
+        kept = copy.copy(state)  # its own type (an OrderedDict stays one)
+        for key, value in state.items():
+            kept[key] = _keep_tensors(value, devices)
+        return kept
     if type(state) in (list, tuple):
         if all(isinstance(item, _ATOMIC) for item in state):
             return type(state)(state)
-        return type(state)(_keep_tensors(item) for item in state)
+        return type(state)(_keep_tensors(item, devices) for item in state)
     return copy.deepcopy(state)
 
 
@@ -528,8 +526,11 @@ class MemoryTier:
         state = self._take_state(dict(meta, memory_step=step))
         # CPU tensors are written as they are (the next change of any waits for the write);
         # device tensors are staged to host buffers first (the change waits for the copy)
-        self._in_place = not contains_device_tensors(state)
-        staged = _keep_tensors(state) if self._in_place else self.stager.stage(state)
+        devices: set[str] = set()
+        staged = _keep_tensors(state, devices)
+        self._in_place = devices <= {"cpu"}
+        if not self._in_place:
+            staged = self.stager.stage(state)
         del state
         if not self.snapshots:
             self._watch(self._before_change, self.wait)
