@@ -147,6 +147,8 @@ def overhead(root: str, intervals: list[int], rounds: int, per_round: int) -> di
         state_bytes=_state_bytes(strategy),
         copy_s=_plain_copy_s(strategy),
         blocked_s=tier.blocked_s / max(tier.snapshots, 1),
+        write_s=tier.seconds["write"] / max(tier.snapshots, 1),
+        replicate_s=tier.seconds["replicate"] / max(tier.snapshots, 1),
     )
 
 

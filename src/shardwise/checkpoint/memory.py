@@ -385,6 +385,8 @@ class MemoryTier:
         self._begun = False
         #: the steps snapshotted, the seconds the training thread spent in them, in all
         self.snapshots, self.blocked_s = 0, 0.0
+        #: the background thread's seconds writing snapshots and replicating them, in all
+        self.seconds = {"write": 0.0, "replicate": 0.0}
         #: what the last :meth:`recover` gathered (its bytes from memory and from peers)
         self.recovered: Recovered | None = None
 
@@ -568,9 +570,11 @@ class MemoryTier:
     def _write_and_replicate(self, staged: dict[str, Any], step: int) -> None:
         try:
             self.stager.copy_staged()
+            start = time.perf_counter()
             group = self.stager.group() if self.distributed else None
             slot = self._open_slot(self.topology.rank)
             written = save_sharded_checkpoint(staged, slot, process_group=group)
+            self.seconds["write"] += time.perf_counter() - start
             files = {}
             for item in written:
                 path = Path(getattr(item, "path", item))
@@ -587,7 +591,9 @@ class MemoryTier:
             )
             atomic_write_text(slot / MARKER, json.dumps(marker))
             if self.distributed and self.topology.copies:
+                start = time.perf_counter()
                 self._replicate(slot, marker, group)
+                self.seconds["replicate"] += time.perf_counter() - start
         except BaseException as exc:  # noqa: BLE001 - raised on the training thread
             self._error = exc
 
