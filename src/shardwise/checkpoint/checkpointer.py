@@ -538,9 +538,9 @@ class Checkpointer:
         gives its weights only (a run with nothing to train). ``resume_with`` and
         ``load_with`` (default: :meth:`resume` and :meth:`load`) are called with the path (a
         runner passes its own, which register its states and call its hooks)."""
-        if self.memory is not None:  # resume=True: memory first, storage only if it lacks a step
+        if self.memory is not None and not weights_only:  # resume=True: memory, then storage
             placed = self._layout("resume()").placement is not None
-            recovered = self.memory.start(resume=resume is True and not weights_only, placed=placed)
+            recovered = self.memory.start(resume=resume is True, placed=placed)
             if recovered is not None:
                 return recovered.resume(resume_with or self.resume, self.retention, self.logger)
         resume_from, weights_from = where_to_start(
