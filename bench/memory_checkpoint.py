@@ -17,8 +17,8 @@ each figure against its baseline measured in the same run, on this machine:
 4. **recovery after a node loss** (2 ranks, one a node; node 1's memory removed): a restarted
    run's seconds from its start to the end of its first step, resuming from memory (the
    snapshot gathered from rank 0's own memory and the replica it holds for rank 1), from the
-   disk (the sharded checkpoint of the same step), and from ``s3://`` (moto's server in this
-   process), with the bytes each tier read or received.
+   disk (the sharded checkpoint of the same step, its pages evicted from the page cache), and
+   from ``s3://`` (moto's server in this process), with the bytes each tier read or received.
 
     python bench/memory_checkpoint.py --out memory_checkpoint.json      # ~6 min on 2 cores
 """
@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from _common import (
+    drop_file_cache,
     gpt_fsdp_strategy,
     median,
     path_bytes,
@@ -179,11 +180,11 @@ def async_loop(root: str, repeats: int) -> dict[str, Any]:
     return times
 
 
-def recovery(root: str, tier: str, url: str | None) -> dict[str, Any]:
+def recovery(root: str, shm: str, tier: str, url: str | None) -> dict[str, Any]:
     """One rank of a restarted run after node 1's loss: seconds to the end of its first step,
     and what it read (memory: from its node and from peers; storage: the checkpoint's bytes)."""
     start = time.perf_counter()
-    memory = dict(interval=1, replicas=1, dir=os.path.join(root, "shm{domain}"), failure_domain=1)
+    memory = dict(interval=1, replicas=1, dir=os.path.join(shm, "shm{domain}"), failure_domain=1)
     work_dir = url if tier == "s3" else os.path.join(root, "work")
     strategy, model, wrapper, batches = _prepare(
         work_dir, memory if tier == "memory" else None, state_dict_cfg="sharded"
@@ -212,10 +213,10 @@ def recovery(root: str, tier: str, url: str | None) -> dict[str, Any]:
     )
 
 
-def snapshot_and_save(root: str, url: str | None) -> dict[str, Any]:
+def snapshot_and_save(root: str, shm: str, url: str | None) -> dict[str, Any]:
     """The run that is lost: 4 steps, a memory snapshot every step, a sharded checkpoint of
     step 4 to the disk (and to ``url``)."""
-    memory = dict(interval=1, replicas=1, dir=os.path.join(root, "shm{domain}"), failure_domain=1)
+    memory = dict(interval=1, replicas=1, dir=os.path.join(shm, "shm{domain}"), failure_domain=1)
     strategy, model, wrapper, batches = _prepare(
         os.path.join(root, "work"), memory, state_dict_cfg="sharded"
     )
@@ -283,7 +284,7 @@ def _s3_server():
 
 
 def run(quick: bool = True) -> dict[str, Any]:
-    rounds, per_round = (4, 3) if quick else (6, 4)
+    rounds, per_round = 4, 3  # ~9 min on 2 cores: run_all runs it in --full only
     result: dict[str, Any] = {"size": SIZE, "batch": BATCH}
     with tempfile.TemporaryDirectory(prefix="shardwise-bench-memory-", dir="/dev/shm") as root:
         one = run_ranks(
@@ -298,6 +299,7 @@ def run(quick: bool = True) -> dict[str, Any]:
             snapshot_step_s=median(one["times"]["every 1"]),
             state_mb=one["state_bytes"] / 1e6,
             blocked_s=one["blocked_s"],
+            write_s=one["write_s"],
             target=TARGETS["one process"],
         )
         shutil.rmtree(os.path.join(root, "one"), ignore_errors=True)
@@ -308,7 +310,7 @@ def run(quick: bool = True) -> dict[str, Any]:
                 root=os.path.join(root, "two"),
                 intervals=[1, 10],
                 rounds=rounds,
-                per_round=max(per_round, 10) if not quick else 10,
+                per_round=10,
             ),
             timeout=2400,
         )
@@ -327,6 +329,8 @@ def run(quick: bool = True) -> dict[str, Any]:
             copy_s=copy_s,
             over_copy=added["every 1"] * step / copy_s,
             state_mb_per_rank=max(r["state_bytes"] for r in two) / 1e6,
+            write_s=max(r["write_s"] for r in two),
+            replicate_s=max(r["replicate_s"] for r in two),
             targets=dict(
                 over_copy=TARGETS["two ranks every step / copy"],
                 every10=TARGETS["two ranks every 10"],
@@ -358,17 +362,18 @@ def _recovery() -> dict[str, Any]:
     server = _s3_server()
     url = None if server is None else "s3://bench/memory-recovery"
     out: dict[str, Any] = {"s3": "moto[server] is not installed" if server is None else "moto"}
-    with tempfile.TemporaryDirectory(
-        prefix="shardwise-bench-recovery-", dir="/dev/shm"
-    ) as shm_root:
-        root = shm_root
-        run_ranks("memory_checkpoint:snapshot_and_save", 2, dict(root=root, url=url), timeout=1200)
-        shutil.rmtree(os.path.join(root, "shm1"))  # node 1 is lost, and its memory
-        checkpoint_bytes = path_bytes(os.path.join(root, "work", "iter_4"))
+    with (
+        tempfile.TemporaryDirectory(prefix="shardwise-bench-recovery-", dir="/dev/shm") as shm,
+        tempfile.TemporaryDirectory(prefix="shardwise-bench-recovery-") as root,
+    ):  # the memory tier in /dev/shm, the storage checkpoint on the disk
+        args = dict(root=root, shm=shm, url=url)
+        run_ranks("memory_checkpoint:snapshot_and_save", 2, args, timeout=1200)
+        shutil.rmtree(os.path.join(shm, "shm1"))  # node 1 is lost, and its memory
+        checkpoint = os.path.join(root, "work", "iter_4")
+        checkpoint_bytes = path_bytes(checkpoint)
         for tier in ("memory", "disk", *(["s3"] if url else [])):
-            ranks = run_ranks(
-                "memory_checkpoint:recovery", 2, dict(root=root, tier=tier, url=url), timeout=1200
-            )
+            drop_file_cache(checkpoint)  # a restarted job reads storage, not the page cache
+            ranks = run_ranks("memory_checkpoint:recovery", 2, dict(args, tier=tier), timeout=1200)
             out[tier] = dict(
                 to_first_step_s=max(r["to_first_step_s"] for r in ranks),
                 build_s=max(r["build_s"] for r in ranks),
