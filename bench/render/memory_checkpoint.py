@@ -71,7 +71,15 @@ def _one_process(rep: Report, one: dict[str, Any]) -> None:
             f"memory tier, one process: a snapshot every step adds {_pct(one['added'])} to the "
             f"step ({_s(one['step_s'])} -> {_s(one['snapshot_step_s'])}; target "
             f"{target:.1%}; the loop is blocked {_s(one['blocked_s'])} per snapshot of "
-            f"{one['state_mb']:,.1f} MB; section 15)"
+            f"{one['state_mb']:,.1f} MB"
+            + (
+                f"; the rest comes with the background write ({_s(one['write_s'])} a "
+                "snapshot, DCP's writer and the checksums), which shares the process and its "
+                "interpreter lock with the training thread (not profiled further)"
+                if one.get("write_s") is not None
+                else ""
+            )
+            + "; section 15)"
         )
 
 
@@ -112,7 +120,16 @@ def _two_ranks(rep: Report, two: dict[str, Any]) -> None:
             f"memory tier, 2 ranks: a snapshot every step adds {_s(two['added_every1_s'])} per "
             f"step, {_r(two['over_copy'])}x a plain copy of the rank's "
             f"{two['state_mb_per_rank']:,.1f} MB ({_s(two['copy_s'])}; target "
-            f"{targets['over_copy']}x; section 15)"
+            f"{targets['over_copy']}x"
+            + (
+                f"; measured: the write into memory takes {_s(two['write_s'])} and the "
+                f"exchange with the peer (its snapshot out, the peer's in, over gloo's TCP) "
+                f"{_s(two['replicate_s'])} a snapshot, on the cores that train: a write, a "
+                "send and a receive of the bytes against the floor's one copy"
+                if two.get("replicate_s") is not None
+                else ""
+            )
+            + "; section 15)"
         )
     if _above(two["added_every10"], targets["every10"]):
         rep.misses.append(
