@@ -47,7 +47,7 @@ def run_ranks(fn, world_size, *args, deadline=3 * TIMEOUT + 30):
     procs = [
         ctx.Process(
             target=_worker,
-            args=(fn, rank, world_size, port, False, {}, args, {}, results),
+            args=(fn, rank, world_size, port, False, {}, os.getcwd(), args, {}, results),
             name=f"rank{rank}",
         )
         for rank in range(world_size)
