@@ -373,13 +373,13 @@ def _slow_copies(monkeypatch, checkpointer, seconds=0.5):
     from shardwise.checkpoint import async_save
 
     monkeypatch.setattr(async_save, "DEFER_BYTES", 0)
-    original = checkpointer._copy_pending
+    original = checkpointer.copy_staged
 
     def slow():
         time.sleep(seconds)
         original()
 
-    monkeypatch.setattr(checkpointer, "_copy_pending", slow)
+    monkeypatch.setattr(checkpointer, "copy_staged", slow)
 
 
 def test_training_runs_while_the_state_is_copied_and_the_optimizer_step_waits(
@@ -430,13 +430,13 @@ def test_a_failed_background_copy_releases_training_and_is_raised_at_the_wait(
     strategy.save_checkpoint("good.pth", async_save=False)
     monkeypatch.setattr(async_save, "DEFER_BYTES", 0)
     checkpointer = strategy.checkpointer.stager
-    original = checkpointer._copy_pending
+    original = checkpointer.copy_staged
 
     def broken():  # one copy of mismatched sizes among the others
         checkpointer._pending.insert(0, (torch.empty(1), torch.empty(2)))
         original()
 
-    monkeypatch.setattr(checkpointer, "_copy_pending", broken)
+    monkeypatch.setattr(checkpointer, "copy_staged", broken)
     strategy.save_checkpoint("broken.pth")
     train_steps(model, wrapper, [], range(2))  # neither forward nor the step hangs
     with pytest.raises(CheckpointError, match="broken.pth"):
