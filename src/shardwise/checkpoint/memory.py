@@ -667,9 +667,7 @@ class MemoryTier:
                 )
             return None
         (run, step, world), holders = chosen
-        needed = range(world)
-        if placed and world == top.world:
-            needed = sorted({top.rank % world, 0})
+        needed = _owners_read(top.rank, top.world, world, placed)
         files = {
             owner: next(
                 m["files"]
@@ -742,6 +740,15 @@ def _newest_complete(
     return best, holders[best]
 
 
+def _owners_read(rank: int, world: int, saved_world: int, placed: bool) -> list[int]:
+    """The owners whose files ``rank`` reads to resume a snapshot ``saved_world`` ranks wrote:
+    onto shards of the same world size, its own owner's and rank 0's (``meta.pt``, the
+    fragments and the plain tensors rank 0 saved once); else every owner's."""
+    if placed and saved_world == world:
+        return sorted({rank % saved_world, 0})
+    return list(range(saved_world))
+
+
 def _transfer_plan(
     world: int,
     saved_world: int,
@@ -755,11 +762,8 @@ def _transfer_plan(
     transfer's two ranks reach it, so none waits on another forever)."""
     plan = []
     for receiver in range(world):
-        needed = range(saved_world)
-        if placed and saved_world == world:
-            needed = sorted({receiver % saved_world, 0})
         have = {m["owner"] for m in inventories[receiver] if _key(m) == key}
-        for owner in needed:
+        for owner in _owners_read(receiver, world, saved_world, placed):
             if owner not in have:
                 plan.append((receiver, owner, min(holders[owner])))
     return plan
