@@ -51,6 +51,7 @@ __all__ = [
     "RetryPolicy",
     "StorageConfigError",
     "StorageUnreachableError",
+    "abort_incomplete_uploads",
     "absolute",
     "check_storage",
     "delete_objects",
@@ -533,6 +534,41 @@ def list_objects(prefix: str) -> dict[str, dict[str, Any]]:
         for name, info in found.items()
         if name.startswith(base) and info.get("type", "file") == "file"
     }
+
+
+def abort_incomplete_uploads(prefix: str) -> list[str]:
+    """Abort every incomplete multipart upload under ``prefix`` (left by a process killed
+    mid-upload: its parts are billed until aborted), returning the URLs of their objects.
+    Only S3 has them: elsewhere ``[]``."""
+    protocol = protocol_of(prefix)
+    if protocol not in ("s3", "s3a"):
+        return []
+    fs, path = filesystem(prefix)
+    bucket, _, key = path.strip("/").partition("/")
+    page: dict[str, Any] = {"Bucket": bucket, "Prefix": key + "/" if key else ""}
+    aborted: list[str] = []
+    while True:
+        listed = retried(
+            "listing uploads under", prefix, fs.call_s3, "list_multipart_uploads", **page
+        )
+        for upload in listed.get("Uploads") or []:
+            url = f"{protocol}://{bucket}/{upload['Key']}"
+            retried(
+                "aborting the upload of",
+                url,
+                fs.call_s3,
+                "abort_multipart_upload",
+                Bucket=bucket,
+                Key=upload["Key"],
+                UploadId=upload["UploadId"],
+            )
+            aborted.append(url)
+        if not listed.get("IsTruncated"):
+            break
+        page.update(KeyMarker=listed["NextKeyMarker"], UploadIdMarker=listed["NextUploadIdMarker"])
+    if aborted:
+        logger.info("aborted %d incomplete multipart upload(s) under %s", len(aborted), prefix)
+    return aborted
 
 
 def upload_files(pairs: Iterable[tuple[Path, str]], threads: int = 8) -> None:
