@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -19,6 +20,8 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
 
 import numpy as np
 
@@ -148,6 +151,25 @@ class Record:
         losses = json.loads((out / "losses.json").read_text())
         metrics = json.loads((out / "metrics.json").read_text())
         return cls(losses, metrics, torch.load(out / "init.pt"))
+
+
+def unavailable(reason: str, *, module: bool = False) -> NoReturn:
+    """Skip a test whose OpenMMLab environment cannot be had here, with ``reason``; under CI
+    (``CI`` set) fail instead: CI builds the environment (``make openmmlab``) and must not stay
+    green without it. ``module``: called at a test module's top level."""
+    import pytest
+
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set, so this does not skip: {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=module)
+
+
+def import_or_unavailable(name: str, reason: str) -> ModuleType:
+    """``importlib.import_module(name)``, or :func:`unavailable` (at a module's top level too)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        unavailable(f"{name} cannot be imported ({exc}): {reason}", module=True)
 
 
 def build_env() -> tuple[Path | None, str]:

@@ -25,6 +25,7 @@ import torch
 from shardwise.checkpoint import find_last_checkpoint
 from shardwise.checkpoint.manifest import is_committed
 from tests.distributed import run_torchrun
+from tests.openmmlab_support import import_or_unavailable
 
 RUNS = ("full", "first_half", "resumed", "loaded")
 SCRIPT = Path(__file__).with_name("mmengine_train.py")
@@ -49,7 +50,7 @@ def shardwise_logger_restored():
 def support():
     """tests/mmengine_support.py, which needs mmengine; the strategies registered (as a
     config's ``custom_imports`` registers them)."""
-    pytest.importorskip("mmengine")
+    import_or_unavailable("mmengine", "the integration runs under mmengine's FlexibleRunner")
     importlib.import_module("shardwise.integrations.mmengine")
     return importlib.import_module("tests.mmengine_support")
 

@@ -10,7 +10,8 @@ losses and metrics, and resumes bit-exactly; a config that names no OpenMMLab cl
 imports mmengine.
 
 Slow suite, with mmpretrain 1.2.0 on mmcv-lite 2.2.0 (``tools/openmmlab_env.sh``, built once
-into ``.openmmlab/env``; skipped where it cannot be built or the shared corpus is absent): child
+into ``.openmmlab/env``; skipped where it cannot be built or the shared corpus is absent, failed
+there under CI, ``CI`` set): child
 configs of the corpus's ResNet-18, DeiT-tiny and MobileNetV3 configs on
 generated images give mmengine's Runner's losses and accuracy on one process; under DDP-2 and
 FSDP-2 ResNet-18 trains, resumes bit-exactly, and its checkpoint loads into mmpretrain with
@@ -34,13 +35,15 @@ from tests.openmmlab_support import (
     Record,
     build_env,
     child_config,
+    import_or_unavailable,
     make_images,
     run_env,
     train_with_mmengine,
     train_with_shardwise,
+    unavailable,
 )
 
-pytest.importorskip("mmengine", reason="mmengine's Runner is the oracle")
+import_or_unavailable("mmengine", "mmengine's Runner is the oracle")
 
 FAKE = REPO / "tests" / "fake_openmmlab"
 LOSS_TOLERANCE = 1e-5
@@ -218,8 +221,17 @@ def test_a_package_s_model_data_metric_and_hook_train_as_under_mmengine_and_resu
 def openmmlab_env() -> Path:
     env_dir, reason = build_env()
     if env_dir is None:
-        pytest.skip(reason)
+        unavailable(reason)
     return env_dir
+
+
+def test_a_missing_openmmlab_environment_fails_under_ci_and_skips_elsewhere(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI is set, so this does not skip: no corpus"):
+        unavailable("no corpus")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="no corpus"):
+        unavailable("no corpus")
 
 
 @pytest.fixture(scope="session")
