@@ -138,6 +138,7 @@ class FaultProxy:
         self.port = free_port()
         self.rules: list[Rule] = []
         self.requests = 0
+        self.seen: list[str] = []  # every request's method and path, in order
         self._lock = threading.Lock()
         proxy = self
 
@@ -228,6 +229,7 @@ class FaultProxy:
     def _fault(self, method: str, path: str) -> Rule | None:
         with self._lock:
             self.requests += 1
+            self.seen.append(f"{method} {path}")
             for rule in self.rules:
                 if rule.times != 0 and rule.matches(method, path):
                     rule.times -= 1 if rule.times > 0 else 0

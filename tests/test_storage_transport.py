@@ -1,12 +1,25 @@
 """The transport under checkpoints on object storage, against moto's S3 server
-(``tests/s3_server.py``): incomplete multipart uploads under a prefix are aborted."""
+(``tests/s3_server.py``): each request is retried alone (a failed part of a multipart upload
+is sent again, not the whole file), and logged; only failures a retry may mend are retried;
+incomplete multipart uploads under a prefix are aborted."""
 
 from __future__ import annotations
 
-import pytest
+import errno
+import logging
+import os
 
-from shardwise.checkpoint.storage import abort_incomplete_uploads
-from tests.s3_server import shared_server
+import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
+
+from shardwise.checkpoint.storage import (
+    _transient,
+    abort_incomplete_uploads,
+    retried,
+    set_storage_options,
+    upload_files,
+)
+from tests.s3_server import FaultProxy, shared_server
 
 
 @pytest.fixture(scope="module")
@@ -14,6 +27,109 @@ def s3():
     return shared_server()
 
 
+@pytest.fixture
+def proxied(s3):
+    """A bucket reached through the fault-injecting proxy."""
+    proxy = FaultProxy(s3).start()
+    bucket = s3.bucket()
+    set_storage_options(bucket, dict(endpoint_url=f"http://127.0.0.1:{proxy.port}"))
+    yield proxy, bucket
+    set_storage_options(bucket, None)
+    proxy.stop()
+
+
+@pytest.fixture
+def notes(caplog):
+    """What shardwise's storage logger says, once each (it does not propagate to pytest's
+    once shardwise's logging is set up)."""
+    storage_log = logging.getLogger("shardwise.checkpoint.storage")
+    storage_log.addHandler(caplog.handler)
+    yield lambda: list(dict.fromkeys(r.getMessage() for r in caplog.records))
+    storage_log.removeHandler(caplog.handler)
+
+
+# ----------------------------------------------------------------------------- retries
+def test_a_failed_part_of_a_multipart_upload_is_sent_again_alone(proxied, tmp_path, notes):
+    proxy, bucket = proxied
+    local = tmp_path / "state.pth"
+    local.write_bytes(os.urandom(40 << 20))  # 3 parts of 16 MiB
+    failed = proxy.add(
+        method="PUT", path=r"partNumber=2&", status=500, code="InternalError", times=2
+    )
+
+    upload_files([(local, f"{bucket}/run/state.pth")])
+
+    assert failed.hits == 2
+    parts = [r for r in proxy.seen if r.startswith("PUT") and "partNumber" in r]
+    starts = [r for r in proxy.seen if r.startswith("POST") and r.endswith("?uploads")]
+    assert len(parts) == 3 + 2 and len(starts) == 1  # the file's upload was not restarted
+    assert proxy.server.client().get_object(Bucket=bucket[5:], Key="run/state.pth")[
+        "Body"
+    ].read() == (local.read_bytes())
+    said = [m for m in notes() if "a request failed" in m]
+    assert said == [
+        f"uploading {bucket}/run/state.pth: a request failed (HTTP 500 InternalError) at "
+        f"attempt {n} of 5; the client sends it again"
+        for n in (1, 2)
+    ]
+
+
+def _client_error(status: int, code: str) -> ClientError:
+    body = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+    return ClientError(body, "PutObject")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        _client_error(503, "SlowDown"),
+        _client_error(500, "InternalError"),
+        _client_error(400, "RequestTimeout"),
+        _client_error(429, "TooManyRequests"),
+        OSError(errno.EBUSY, "Please reduce your request rate"),  # s3fs's SlowDown
+        ConnectionResetError(),
+        TimeoutError(),
+        EndpointConnectionError(endpoint_url="http://127.0.0.1:9"),
+        ReadTimeoutError(endpoint_url="http://127.0.0.1:9"),
+    ],
+    ids=repr,
+)
+def test_throttling_timeouts_server_errors_and_dropped_connections_are_transient(error):
+    assert _transient(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        KeyError("ETag"),
+        AttributeError("'NoneType' object has no attribute 'read'"),
+        TypeError("expected bytes"),
+        ValueError("bad range"),
+        FileNotFoundError("s3://b/run/iter_4.pth"),
+        PermissionError("AccessDenied"),
+        _client_error(403, "AccessDenied"),
+        _client_error(412, "PreconditionFailed"),
+        OSError(errno.EINVAL, "bad argument"),
+    ],
+    ids=repr,
+)
+def test_programming_errors_and_refusals_are_not_transient(error):
+    assert not _transient(error)
+
+
+def test_a_programming_error_is_raised_at_once_not_retried():
+    calls = []
+
+    def broken() -> None:
+        calls.append(1)
+        raise KeyError("ETag")
+
+    with pytest.raises(KeyError):
+        retried("reading", "s3://b/run/iter_4.pth", broken)
+    assert len(calls) == 1
+
+
+# ----------------------------------------------------------------------------- leftovers
 def test_incomplete_multipart_uploads_under_the_prefix_are_aborted_and_others_kept(s3):
     bucket = s3.bucket()
     client = s3.client()

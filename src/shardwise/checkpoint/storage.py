@@ -30,7 +30,9 @@ Example::
 
 from __future__ import annotations
 
+import contextvars
 import errno
+import functools
 import logging
 import os
 import random
@@ -96,6 +98,9 @@ _PACKAGES = {
 SPOOL_ENV = "SHARDWISE_SPOOL_DIR"
 #: Attempts per object operation, and the first backoff in seconds (doubling, capped).
 ATTEMPTS_ENV, BACKOFF_ENV = "SHARDWISE_STORAGE_ATTEMPTS", "SHARDWISE_STORAGE_BACKOFF"
+#: Attempts per S3 request (botocore's standard retry mode): a failed part of a multipart
+#: upload is sent again alone, within the operation's attempt.
+REQUEST_ATTEMPTS = 5
 
 #: Pieces a large read is split into, so that they are fetched in parallel.
 READ_PIECE = 16 << 20
@@ -222,14 +227,14 @@ def restore_storage_options(saved: Mapping[str, Mapping[str, Any]]) -> None:
 
 def storage_options(url: str) -> dict[str, Any]:
     """The options for ``url``: those set for its longest prefix, else none. On S3 the
-    client's own retries are off unless the options set them: :func:`retried` retries each
-    object operation, and logs it."""
+    client retries each request (botocore's standard mode, ``REQUEST_ATTEMPTS``) unless the
+    options say otherwise; :func:`retried` retries the whole operation around that."""
     url = str(url)
     matches = [p for p in _OPTIONS if url == p or url.startswith(p + "/")]
     options = dict(_OPTIONS[max(matches, key=len)]) if matches else {}
     if protocol_of(url) in ("s3", "s3a"):
         config = dict(options.get("config_kwargs") or {})
-        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+        config.setdefault("retries", {"total_max_attempts": REQUEST_ATTEMPTS, "mode": "standard"})
         options["config_kwargs"] = config
     return options
 
@@ -267,9 +272,50 @@ def filesystem(url: str, what: str = "path") -> tuple[Any, str]:
             f"{what}={str(url)!r}: fsspec knows no {protocol}:// protocol; use a local path or "
             "a URL such as s3://bucket/prefix, gs://bucket/prefix, az://container/prefix"
         ) from None
-    if protocol in ("s3", "s3a") and getattr(fs, "retries", 1) != 1:
-        fs.retries = 1  # s3fs's own retry loop: retried() is the one (shardwise's instance)
+    if protocol in ("s3", "s3a"):
+        fs.retries = 1  # s3fs's own loop, around botocore's (shardwise's instance)
+        client = fs.connect()
+        client.meta.events.register(
+            "needs-retry.s3", _note_request_retry, unique_id="shardwise-note-retry"
+        )
     return fs, path
+
+
+#: What :func:`retried` is doing in this context (its action, object and log level), for the
+#: notes of the requests it makes (fsspec runs them in its event loop in a copy of it).
+_OPERATION: contextvars.ContextVar[tuple[str, str, int]] = contextvars.ContextVar(
+    "shardwise_storage_operation", default=("requesting", "", logging.WARNING)
+)
+
+
+def _note_request_retry(
+    attempts: int,
+    request_dict: Mapping[str, Any],
+    response: Any = None,
+    caught_exception: Any = None,
+    **_: Any,
+) -> None:
+    """botocore's ``needs-retry`` hook: log a request that failed in a way its retry mode
+    retries (the retry mode itself decides, and waits)."""
+    if caught_exception is not None:
+        failure = describe_error(caught_exception)
+    else:
+        status = response[0].status_code
+        code = response[1].get("Error", {}).get("Code", "")
+        if status < 500 and status != 429 and code not in _TRANSIENT_CODES:
+            return
+        failure = f"HTTP {status} {code}".strip()
+    action, url, level = _OPERATION.get()
+    logger.log(
+        level,
+        "%s %s: a request failed (%s) at attempt %d of %d; %s",
+        action,
+        url or request_dict.get("url", ""),
+        failure,
+        attempts,
+        REQUEST_ATTEMPTS,
+        "the client sends it again" if attempts < REQUEST_ATTEMPTS else "the client gives up",
+    )
 
 
 def _credentials_error(exc: BaseException) -> bool:
@@ -341,7 +387,7 @@ class RetryPolicy:
     """How an object operation is retried: ``attempts`` in all, the wait before the second
     ``backoff`` seconds (drawn up to it: full jitter), doubling up to ``max_backoff``."""
 
-    attempts: int = 6
+    attempts: int = 3
     backoff: float = 0.5
     max_backoff: float = 10.0
 
@@ -357,32 +403,66 @@ class RetryPolicy:
         return random.uniform(0, min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
 
 
-#: errnos that a retry would not change (s3fs maps 4xx responses to them).
-_PERMANENT_ERRNOS = {
-    errno.EINVAL,
-    errno.EPERM,
-    errno.EACCES,
-    errno.ENOENT,
-    errno.EEXIST,
-    errno.ENOSYS,
-    errno.ENAMETOOLONG,
-    errno.ENOTEMPTY,
-    errno.EMSGSIZE,
+#: S3 error codes a retry may mend (throttling, timeouts, the server's own errors).
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+    "OperationAborted",
+}
+#: errnos of dropped or refused connections, timeouts, and of the codes above as s3fs maps
+#: them (SlowDown: EBUSY, InternalError: EREMOTEIO, a 5xx it does not know: EIO).
+_TRANSIENT_ERRNOS = {
+    errno.EBUSY,
+    errno.EREMOTEIO,
+    errno.EIO,
+    errno.ETIMEDOUT,
+    errno.ECONNRESET,
+    errno.ECONNREFUSED,
+    errno.ECONNABORTED,
+    errno.EPIPE,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
 }
 
 
+@functools.cache
+def _transient_types() -> tuple[type[BaseException], ...]:
+    """The exception types of dropped connections and timeouts: Python's, and those of the
+    clients that are installed (botocore's ConnectionError, EndpointConnectionError,
+    ReadTimeoutError...; aiohttp's; fsspec's timeout)."""
+    found: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module, names in (
+        ("botocore.exceptions", ("ConnectionError", "HTTPClientError")),
+        ("aiohttp", ("ClientConnectionError", "ClientPayloadError")),
+        ("fsspec.exceptions", ("FSTimeoutError",)),
+        ("urllib3.exceptions", ("ProtocolError", "TimeoutError")),
+    ):
+        try:
+            imported = __import__(module, fromlist=list(names))
+        except ImportError:
+            continue
+        found += [getattr(imported, name) for name in names if hasattr(imported, name)]
+    return tuple(found)
+
+
 def _transient(exc: BaseException) -> bool:
-    """Whether ``exc`` may pass on a retry: throttling (SlowDown), server errors, dropped or
-    timed-out connections; not a missing object, a refused request or missing credentials."""
-    if isinstance(exc, CheckpointError | ValueError | TypeError | NotImplementedError):
-        return False
-    if isinstance(exc, FileNotFoundError | FileExistsError | PermissionError | IsADirectoryError):
-        return False
-    if _credentials_error(exc):
-        return False
-    if isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS:
-        return False
-    return isinstance(exc, Exception)
+    """Whether ``exc`` may pass on a retry (an allow-list): a dropped, refused or timed-out
+    connection, an HTTP 5xx or 429, a throttling or timeout code (SlowDown, RequestTimeout).
+    Anything else (a missing object, a refused request, a programming error such as
+    KeyError) is raised at once."""
+    response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None)
+    if isinstance(response, Mapping) and "Error" in response:  # botocore's ClientError
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        code = response["Error"].get("Code", "")
+        return status >= 500 or status == 429 or code in _TRANSIENT_CODES
+    if isinstance(exc, _transient_types()):
+        return True
+    return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
 
 
 def retried(
@@ -402,7 +482,11 @@ def retried(
     policy = policy or RetryPolicy.from_env()
     for attempt in range(1, policy.attempts + 1):
         try:
-            return fn(*args, **kwargs)
+            operation = _OPERATION.set((action, str(url), retry_notes))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _OPERATION.reset(operation)
         except BaseException as exc:
             if _credentials_error(exc):
                 raise StorageConfigError(
