@@ -245,3 +245,21 @@ def test_a_rank_reading_part_of_a_file_hashes_only_its_chunks(tmp_path):
 
     whole = load_sharded_checkpoint(copies["intact"])
     assert torch.equal(whole["state_dict"]["w"], full["w"])
+
+
+def test_records_skip_torchs_crc32_on_any_thread():
+    # torch's switch stays on (a snapshot written in the background, beside the training
+    # thread's own saves): the records of plain tensors are still those of a save without it
+    tensors = [torch.arange(21.0, dtype=torch.float64).reshape(7, 3) + i for i in range(2)]
+    assert torch.serialization.get_crc32_options()
+    records = [record_bytes(t) for t in tensors]  # the first of its kind, then its template
+    previous = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        for tensor, record in zip(tensors, records, strict=True):
+            buffer = io.BytesIO()
+            torch.save(tensor, buffer)
+            assert record == buffer.getvalue()
+    finally:
+        torch.serialization.set_crc32_options(previous)
+    assert torch.equal(torch.load(io.BytesIO(records[1]), weights_only=True), tensors[1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -256,3 +257,38 @@ def test_ckpt_inspect_lists_a_nodes_memory_snapshots(tmp_path):
     assert run["complete_here"] == [2, 3]  # its own ranks' and the replicas of the others
     text = inspect(str(node))
     assert "memory snapshots" in text and "complete on this node alone: steps [2, 3]" in text
+
+
+def test_a_slot_is_written_over_in_place_and_only_where_this_process_wrote_it(tmp_path):
+    """A snapshot reuses the pages of the files this process wrote into its slot (no new
+    memory each step); a file of another process there (one a recovery may still map) is
+    replaced, never written over."""
+    import os
+
+    import torch
+
+    from shardwise.checkpoint.memory import MemoryTier
+
+    config = parse_memory_checkpoint(memory_config(str(tmp_path)))
+    state = {"state_dict": {"w": torch.arange(1000.0)}, "meta": {}}
+    tier = MemoryTier(config, lambda meta: state, lambda *fns: None, tmp_path / "work", 0, 1)
+
+    def snapshot(step):
+        state["state_dict"]["w"] += 1
+        tier.snapshot(step, {})
+        tier.wait()
+        (newest,) = [m for m in list_snapshots(tier.root) if m["step"] == step]
+        return Path(newest["slot"])
+
+    slot0, slot1 = snapshot(1), snapshot(2)
+    data = next(p.name for p in slot0.iterdir() if p.name.endswith(".distcp"))
+    os.link(slot0 / data, tmp_path / "ours")  # the same file under a second name
+    assert snapshot(3) == slot0
+    assert (tmp_path / "ours").read_bytes() == (slot0 / data).read_bytes()  # written over
+    (slot1 / data).unlink()
+    (slot1 / data).write_bytes(b"x" * 10)  # as if another process had written it
+    os.link(slot1 / data, tmp_path / "theirs")  # e.g. a recovery's link, mapped
+    assert snapshot(4) == slot1
+    assert (tmp_path / "theirs").read_bytes() == b"x" * 10  # replaced, not written over
+    assert (slot1 / data).stat().st_size > 10
+    assert [m["step"] for m in list_snapshots(tier.root)] == [3, 4]

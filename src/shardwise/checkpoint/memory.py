@@ -383,6 +383,7 @@ class MemoryTier:
         self._in_place = True  # the snapshot in flight writes the live tensors
         self._lock_handle: Any = None  # this rank's lock of the directory (see _lock)
         self._begun = False
+        self._written: set[tuple[int, ...]] = set()  # the slot files this process wrote
         #: the steps snapshotted, the seconds the training thread spent in them, in all
         self.snapshots, self.blocked_s = 0, 0.0
         #: the background thread's seconds writing snapshots and replicating them, in all
@@ -589,6 +590,7 @@ class MemoryTier:
                 algorithm=ALGORITHM,
                 files=files,
             )
+            self._keep(slot, files)
             atomic_write_text(slot / MARKER, json.dumps(marker))
             if self.distributed and self.topology.copies:
                 start = time.perf_counter()
@@ -598,8 +600,10 @@ class MemoryTier:
             self._error = exc
 
     def _open_slot(self, owner: int) -> Path:
-        """The older of ``owner``'s two slots in this node's directory, emptied (its marker
-        first: from then on it is not a snapshot)."""
+        """The older of ``owner``'s two slots in this node's directory, its marker removed
+        first (from then on it is not a snapshot). The files this process wrote there stay,
+        to be written over (their memory pages reused: no new pages each step); any other
+        file goes (one another process may still map: a recovery's read of it)."""
         base = self.root / f"rank{owner}"
         ages = []  # another run's snapshot (or none) first, then the older step
         for name in SLOTS:
@@ -608,9 +612,17 @@ class MemoryTier:
             ages.append((ours, marker["step"] if ours else -1))
         slot = base / SLOTS[ages.index(min(ages))]
         (slot / MARKER).unlink(missing_ok=True)
-        shutil.rmtree(slot, ignore_errors=True)
-        slot.mkdir(parents=True)
+        slot.mkdir(parents=True, exist_ok=True)
+        for path in slot.iterdir():
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            elif _identity(path) not in self._written:
+                path.unlink(missing_ok=True)
         return slot
+
+    def _keep(self, slot: Path, files: Mapping[str, Any]) -> None:
+        """Remember the files this process wrote into ``slot`` (see :meth:`_open_slot`)."""
+        self._written.update(_identity(slot / name) for name in files)
 
     def _replicate(self, slot: Path, marker: dict[str, Any], group: Any) -> None:
         """Send this rank's snapshot to its replica peers and keep theirs: the markers'
@@ -632,6 +644,7 @@ class MemoryTier:
                 src,
                 group,
             )
+            self._keep(replica, received["files"])
             atomic_write_text(replica / MARKER, json.dumps(received))
 
     # ------------------------------------------------------------------ recovery
@@ -789,8 +802,8 @@ def _mapped(slot: Path, files: Mapping[str, Any], create: bool = False) -> list[
     tensors = []
     for name, (size, _) in files.items():
         path = slot / name
-        if create:
-            with open(path, "wb") as f:
+        if create:  # an existing file of the slot is written over (its pages reused)
+            with os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o666), "r+b") as f:
                 f.truncate(size)
         elif path.stat().st_size != size:
             raise CheckpointError(f"{path} has {path.stat().st_size} bytes, {size} were recorded")
@@ -799,6 +812,15 @@ def _mapped(slot: Path, files: Mapping[str, Any], create: bool = False) -> list[
         else:
             tensors.append(torch.from_file(str(path), shared=create, size=size, dtype=torch.uint8))
     return tensors
+
+
+def _identity(path: Path) -> tuple[int, ...]:
+    """A file as this process last wrote it (an inode number alone is reused at once)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return ()
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def _link_files(slot: Path, out: Path, files: Mapping[str, Any]) -> int:

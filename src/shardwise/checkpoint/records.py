@@ -17,9 +17,10 @@ no reader sees:
   stride (its pickle, zip entries, directory and serialization id). The first record of each
   kind is written by ``torch.save`` and kept as a :class:`_Template`; the next are its head,
   the tensor's bytes and its tail: three writes instead of a pickler and a zip writer per
-  record (a ~10M-parameter AdamW state is 768 records per rank on 2 ranks). Anything else (a
-  save that keeps torch's CRC-32s, a subclass, ``requires_grad``, an empty tensor) goes
-  through ``torch.save``.
+  record (a ~10M-parameter AdamW state is 768 records per rank on 2 ranks). The templates are
+  written without CRC-32s on any thread, torch's process-wide switch left alone (a snapshot
+  written in the background). Anything else (a subclass, ``requires_grad``, an empty tensor)
+  goes through ``torch.save``.
 
 Example::
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
 from typing import Any
@@ -110,26 +112,48 @@ def _bytes_of(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
 
 
+def _saved_without_crc32(tensor: torch.Tensor) -> memoryview | None:
+    """``torch.save(tensor)`` as torch writes it with its CRC-32s off, on any thread (torch's
+    switch is process-wide, and a background save must not turn it off under the training
+    thread); None where this torch's writer takes other arguments."""
+    buffer = io.BytesIO()
+    try:
+        writer = torch._C.PyTorchFileWriter(buffer, False, _alignment())
+        torch.serialization._save(
+            tensor, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False
+        )
+        writer.write_end_of_file()
+    except TypeError:
+        return None
+    return buffer.getbuffer()
+
+
 def _record(tensor: torch.Tensor, put: Callable[[Any], None]) -> None:
     """Write ``tensor``'s record through ``put``: from its template, or by ``torch.save``
     (keeping a template of it when it is the first of its kind)."""
-    key = None
-    if not _crc32_on() and _plain(tensor):
+    if _plain(tensor):
         key = (tensor.dtype, tuple(tensor.shape), tensor.stride(), _alignment())
+        if key not in _TEMPLATES:
+            record = _saved_without_crc32(tensor)
+            if record is None and not _crc32_on():
+                record = _saved(tensor)
+            if record is not None:
+                _TEMPLATES[key] = _template(record, tensor)
+                put(record)
+                return
         template = _TEMPLATES.get(key)
         if template is not None:
             put(template.head)
             put(_bytes_of(tensor))
             put(template.tail)
             return
-        if key in _TEMPLATES:  # known not to be template-shaped
-            key = None
+    put(_saved(tensor))
+
+
+def _saved(tensor: torch.Tensor) -> memoryview:
     buffer = io.BytesIO()
     torch.save(tensor, buffer)
-    record = buffer.getbuffer()
-    if key is not None:
-        _TEMPLATES[key] = _template(record, tensor)
-    put(record)
+    return buffer.getbuffer()
 
 
 def _template(record: memoryview, tensor: torch.Tensor) -> _Template | None:
@@ -197,7 +221,9 @@ def write_records(
     byte_items = [i for i in items if i.type == WriteItemType.BYTE_IO]
     tensor_items = [i for i in items if i.type != WriteItemType.BYTE_IO]
     results: list[WriteResult] = []
-    with open(path, "wb") as f:
+    # an existing file is written over, not truncated first: its pages are reused (a memory
+    # snapshot's slot, rewritten every step), and it is cut to its new length at the end
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666), "wb") as f:
         out = HashingWriter(f)
         position = 0
         resolved = ((planner.resolve_data(i), i) for i in byte_items)
@@ -214,6 +240,7 @@ def write_records(
             )
             position += put.length
         f.flush()
+        f.truncate(position)
         if sync:
             os.fsync(f.fileno())
     return results, out.hexdigest()
