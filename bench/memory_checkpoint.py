@@ -114,6 +114,29 @@ def _plain_copy_s(strategy, repeats: int = 3) -> float:
     return min(times)
 
 
+def _exchange_s(strategy, repeats: int = 3) -> float | None:
+    """The transfer floor of replication here: this rank's state bytes sent to its peer while
+    the peer's are received (the tier's gloo group, nothing else running); None alone."""
+    import torch
+    import torch.distributed as dist
+
+    from shardwise.checkpoint.memory import _exchange
+
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    size = _state_bytes(strategy)
+    out, back = torch.empty(size, dtype=torch.uint8), torch.empty(size, dtype=torch.uint8)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = strategy.checkpointer.memory.stager.group()
+    times = []
+    for _ in range(repeats):
+        _barrier()
+        start = time.perf_counter()
+        _exchange([out], [back], (rank + 1) % world, (rank - 1) % world, group)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
 def overhead(root: str, intervals: list[int], rounds: int, per_round: int) -> dict[str, Any]:
     """One rank: blocks of ``per_round`` steps without snapshots and with a snapshot every
     ``interval`` steps (each interval in ``intervals``), alternating; per-step seconds."""
@@ -147,6 +170,7 @@ def overhead(root: str, intervals: list[int], rounds: int, per_round: int) -> di
         times=times,
         state_bytes=_state_bytes(strategy),
         copy_s=_plain_copy_s(strategy),
+        exchange_s=_exchange_s(strategy),
         blocked_s=tier.blocked_s / max(tier.snapshots, 1),
         write_s=tier.seconds["write"] / max(tier.snapshots, 1),
         replicate_s=tier.seconds["replicate"] / max(tier.snapshots, 1),
@@ -328,6 +352,7 @@ def run(quick: bool = True) -> dict[str, Any]:
             added_every1_s=added["every 1"] * step,
             copy_s=copy_s,
             over_copy=added["every 1"] * step / copy_s,
+            exchange_s=max(r["exchange_s"] for r in two),
             state_mb_per_rank=max(r["state_bytes"] for r in two) / 1e6,
             write_s=max(r["write_s"] for r in two),
             replicate_s=max(r["replicate_s"] for r in two),

@@ -129,6 +129,13 @@ def _two_ranks(rep: Report, two: dict[str, Any]) -> None:
                 if two.get("replicate_s") is not None
                 else ""
             )
+            + (
+                f"; the exchange alone, with nothing else running, takes "
+                f"{_s(two['exchange_s'])}: a copy and the transfer of the bytes are "
+                f"{_r((two['copy_s'] + two['exchange_s']) / two['copy_s'])}x the copy"
+                if two.get("exchange_s") is not None
+                else ""
+            )
             + "; section 15)"
         )
     if _above(two["added_every10"], targets["every10"]):
