@@ -44,6 +44,7 @@ from .lazy import LazyAttr, LazyObject, read_base
 from .lazy_reading import ConfigParsingError
 from .overrides import DictAction, parse_cfg_options, parse_override, parse_value
 from .reading import ConfigFormatError
+from .secrets import REDACTED, redact_secrets
 
 __all__ = [
     "Config",
@@ -53,9 +54,11 @@ __all__ = [
     "DictAction",
     "LazyAttr",
     "LazyObject",
+    "REDACTED",
     "add_args",
     "parse_cfg_options",
     "parse_override",
     "parse_value",
     "read_base",
+    "redact_secrets",
 ]

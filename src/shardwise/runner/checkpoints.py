@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardwise.checkpoint import find_last_checkpoint
+from shardwise.config import redact_secrets
 
 __all__ = ["RunnerCheckpoints"]
 
@@ -129,7 +130,9 @@ class RunnerCheckpoints:
         else:
             position = dict(epoch=self.epoch, iter=self.iter + 1)
         full_meta = {**position, **dict(meta or {})}
-        full_meta.update(cfg=self.cfg.pretty_text, experiment_name=self.experiment_name)
+        full_meta.update(
+            cfg=redact_secrets(self.cfg).pretty_text, experiment_name=self.experiment_name
+        )
         self._register_states()
         return self.strategy.checkpointer.save(
             filename,

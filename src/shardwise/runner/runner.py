@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 
 import shardwise
-from shardwise.config import Config
+from shardwise.config import Config, redact_secrets
 from shardwise.registry import RUNNERS
 from shardwise.strategies import BaseStrategy
 from shardwise.visualization import Visualizer
@@ -217,10 +217,11 @@ class Runner(RunnerCheckpoints):
             self.seed,
             self.work_dir,
         )
-        if self.rank == 0 and len(self.cfg):
-            dump_config(self.cfg, self.work_dir, self.timestamp)
-        if len(self.cfg):
-            self.visualizer.add_config(recorded_config(self.cfg, self.visualizer))
+        recorded = redact_secrets(self.cfg)  # the config as written anywhere: no secrets
+        if self.rank == 0 and len(recorded):
+            dump_config(recorded, self.work_dir, self.timestamp)
+        if len(recorded):
+            self.visualizer.add_config(recorded_config(recorded, self.visualizer))
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -27,6 +27,7 @@ from shardwise.checkpoint.storage import (
     set_storage_options,
     write_object,
 )
+from shardwise.config import redact_secrets
 from shardwise.registry import HOOKS
 
 from .hook import Hook
@@ -466,7 +467,8 @@ def _check_backend_args(name: str, args: dict | None, out_dir: Any) -> None:
     if not is_url(out_dir) and backend in _LOCAL_BACKENDS:
         return
     raise ValueError(
-        f"CheckpointHook({name}={args!r}, out_dir={out_dir!r}): shardwise reaches storage "
+        f"CheckpointHook({name}={redact_secrets(args, storage=True)!r}, out_dir={out_dir!r}): "
+        "shardwise reaches storage "
         "through its paths: a local (or mounted) out_dir with backend='local', or an fsspec "
         "URL such as out_dir='s3://bucket/prefix' with the client's options in backend_args "
         "(backend absent or 'fsspec'; e.g. endpoint_url, key, secret)"

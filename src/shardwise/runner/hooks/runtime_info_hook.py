@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 import shardwise
+from shardwise.config import redact_secrets
 from shardwise.registry import HOOKS
 
 from .hook import Hook
@@ -40,7 +41,7 @@ class RuntimeInfoHook(Hook):
     def before_run(self, runner) -> None:
         runner.message_hub.update_info_dict(
             dict(
-                cfg=runner.cfg.pretty_text,
+                cfg=redact_secrets(runner.cfg).pretty_text,
                 seed=runner.seed,
                 experiment_name=runner.experiment_name,
                 shardwise_version=shardwise.__version__,
