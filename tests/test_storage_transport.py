@@ -1,22 +1,30 @@
 """The transport under checkpoints on object storage, against moto's S3 server
 (``tests/s3_server.py``): each request is retried alone (a failed part of a multipart upload
 is sent again, not the whole file), and logged; only failures a retry may mend are retried;
-incomplete multipart uploads under a prefix are aborted."""
+incomplete multipart uploads under a prefix are aborted; a spool directory is removed only
+when its owner ran on this machine and is gone; a checkpoint deleted or overwritten while it
+is read is named as such."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import subprocess
+import sys
 
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
+from shardwise.checkpoint import CheckpointError
+from shardwise.checkpoint.remote_read import RemoteCheckpoint
 from shardwise.checkpoint.storage import (
+    _this_machine,
     _transient,
     abort_incomplete_uploads,
     retried,
     set_storage_options,
+    spool_directory,
     upload_files,
 )
 from tests.s3_server import FaultProxy, shared_server
@@ -148,3 +156,67 @@ def test_incomplete_multipart_uploads_under_the_prefix_are_aborted_and_others_ke
 def test_aborting_uploads_elsewhere_than_s3_is_nothing_to_do(tmp_path):
     assert abort_incomplete_uploads("memory://bucket/run") == []
     assert abort_incomplete_uploads(str(tmp_path)) == []
+
+
+# ----------------------------------------------------------------------------- spools
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_spool_of_a_dead_process_of_this_machine_is_removed_and_another_hosts_kept(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SHARDWISE_SPOOL_DIR", str(tmp_path))
+    boot, namespace, host = _this_machine()
+    dead = _dead_pid()
+    spools = {
+        "dead here": f"shardwise-save-{dead}-{boot}-{namespace}-{host}-abcd1234",
+        "other host": f"shardwise-save-{dead}-{boot}-{namespace}-other.host-abcd1234",
+        "other boot": f"shardwise-save-{dead}-00000000-{namespace}-{host}-abcd1234",
+        "other container": f"shardwise-read-{dead}-{boot}-1-{host}-abcd1234",
+        "alive here": f"shardwise-save-{os.getpid()}-{boot}-{namespace}-{host}-abcd1234",
+        "unknown owner": f"shardwise-save-{dead}-abcd1234",  # named before owners were
+    }
+    for name in spools.values():
+        (tmp_path / name).mkdir()
+
+    mine = spool_directory("save")
+
+    left = {path.name for path in tmp_path.iterdir()} - {mine.name}
+    assert left == {name for what, name in spools.items() if what != "dead here"}
+    assert mine.name.startswith(f"shardwise-save-{os.getpid()}-{boot}-{namespace}-{host}-")
+
+
+# ----------------------------------------------------------------------------- pinned reads
+@pytest.fixture
+def opened(s3):
+    """A checkpoint of two objects on the store, opened for reading (listed, nothing read)."""
+    bucket = s3.bucket()
+    client, name = s3.client(), bucket.removeprefix("s3://")
+    for key in ("run/iter_4.pth/__0_0.distcp", "run/iter_4.pth/.metadata"):
+        client.put_object(Bucket=name, Key=key, Body=os.urandom(1 << 20))
+    with RemoteCheckpoint(f"{bucket}/run/iter_4.pth") as remote:
+        yield remote, client, name
+
+
+def test_a_checkpoint_deleted_while_it_is_read_is_named_as_such(opened):
+    remote, client, bucket = opened
+    client.delete_object(Bucket=bucket, Key="run/iter_4.pth/__0_0.distcp")
+    with pytest.raises(CheckpointError) as failed:
+        remote.fetch()
+    assert str(failed.value).startswith(
+        f"checkpoint {remote.url} was deleted or overwritten while it was being read: "
+        f"{remote.url}/__0_0.distcp was deleted or overwritten since it was listed"
+    )
+    assert not isinstance(failed.value, FileNotFoundError)
+
+
+def test_a_checkpoint_overwritten_while_it_is_read_is_named_and_no_bytes_are_mixed(opened):
+    remote, client, bucket = opened
+    remote.fetch([".metadata"])
+    client.put_object(Bucket=bucket, Key="run/iter_4.pth/__0_0.distcp", Body=os.urandom(1 << 20))
+    with pytest.raises(CheckpointError, match="was deleted or overwritten while it was being read"):
+        remote.fetch(["__0_0.distcp"])
+    assert remote.fetched == {".metadata": 1 << 20}

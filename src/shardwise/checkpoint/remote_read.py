@@ -15,6 +15,10 @@ Bytes come by ranged reads, in parallel, only where a reader is about to read th
   mesh reads its own file and rank 0's fragment, not the others' bytes.
 
 A hole read by mistake reads as zeros, which no checksum passes: never as another byte.
+Every read is pinned to the version of its object listed at open (S3: its VersionId, else
+its ETag, sent as If-Match): a checkpoint deleted or overwritten while it is read (by the
+retention of another run writing the prefix, say) is a :class:`~.files.CheckpointError`
+saying so, never a mix of two versions' bytes.
 
 Example::
 
@@ -35,14 +39,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from .files import SIDECAR_SUFFIX
+from .files import SIDECAR_SUFFIX, CheckpointError
 from .storage import (
     READ_BATCH,
     READ_PIECE,
+    ObjectChangedError,
     ObjectURL,
     list_objects,
     location,
     object_info,
+    pin,
     read_ranges,
     spool_directory,
 )
@@ -85,10 +91,12 @@ class RemoteCheckpoint:
                 "directory (work_dir/last_checkpoint names the latest one)"
             )
         self._root = spool_directory("read")
+        self.is_dir = self.url.name not in files
         self.path = self._root / self.url.name
         #: object name (relative to the checkpoint, or the file's own name) -> its size
         self.sizes = {rel: int(info["size"]) for rel, info in files.items()}
-        self.is_dir = self.url.name not in files
+        #: by object URL, the version a read asks for (:func:`~.storage.pin`)
+        self.pins = {self.remote(rel): pin(info) for rel, info in files.items()}
         self._fetched: dict[str, list[Range]] = {}
         self._lock = threading.Lock()
         for rel, size in self.sizes.items():
@@ -151,7 +159,14 @@ class RemoteCheckpoint:
                     batch, size = [], 0
 
     def _fetch_batch(self, pieces: list[tuple[str, int, int]]) -> None:
-        data = read_ranges([(self.remote(n), s, e) for n, s, e in pieces])
+        try:
+            data = read_ranges([(self.remote(n), s, e) for n, s, e in pieces], self.pins)
+        except ObjectChangedError as exc:
+            raise CheckpointError(
+                f"checkpoint {self.url} was deleted or overwritten while it was being read: "
+                f"{exc}; another process changed it (the retention of another run writing "
+                "this prefix, say): read it again, or a newer checkpoint"
+            ) from None
         for (name, start, end), chunk in zip(pieces, data):
             fd = os.open(self.local(name), os.O_WRONLY)
             try:

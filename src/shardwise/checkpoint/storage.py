@@ -30,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import errno
 import functools
@@ -38,6 +39,7 @@ import os
 import random
 import re
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,6 +51,7 @@ from typing import Any, TypeVar
 from .files import CheckpointError, describe_error
 
 __all__ = [
+    "ObjectChangedError",
     "ObjectURL",
     "RetryPolicy",
     "StorageConfigError",
@@ -64,6 +67,7 @@ __all__ = [
     "location",
     "modified",
     "object_info",
+    "pin",
     "protocol_of",
     "read_object",
     "read_ranges",
@@ -115,6 +119,11 @@ class StorageConfigError(ValueError):
     """Bad storage input, found before anything is written: an unknown protocol, its package
     not installed, missing credentials, credentials that may not write, a missing bucket (one
     line: the value and the fix)."""
+
+
+class ObjectChangedError(CheckpointError):
+    """An object deleted or replaced since it was listed, found by a read pinned to the
+    version listed (:func:`read_ranges`)."""
 
 
 class StorageUnreachableError(CheckpointError):
@@ -651,7 +660,7 @@ def abort_incomplete_uploads(prefix: str) -> list[str]:
             break
         page.update(KeyMarker=listed["NextKeyMarker"], UploadIdMarker=listed["NextUploadIdMarker"])
     if aborted:
-        logger.info("aborted %d incomplete multipart upload(s) under %s", len(aborted), prefix)
+        logger.debug("aborted %d incomplete multipart upload(s) under %s", len(aborted), prefix)
     return aborted
 
 
@@ -675,30 +684,72 @@ def upload_files(pairs: Iterable[tuple[Path, str]], threads: int = 8) -> None:
         list(pool.map(upload, pairs))  # raises the first failure
 
 
-def read_ranges(requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
+def pin(info: Mapping[str, Any]) -> dict[str, str]:
+    """What pins a read to the object version ``info`` describes: its VersionId where the
+    bucket keeps versions, else its ETag (If-Match); empty where the store says neither."""
+    if info.get("VersionId"):
+        return {"VersionId": str(info["VersionId"])}
+    tag = info.get("ETag") or info.get("etag")
+    return {"IfMatch": str(tag)} if tag else {}
+
+
+def read_ranges(
+    requests: Sequence[tuple[str, int, int]], pins: Mapping[str, Mapping[str, str]] | None = None
+) -> list[bytes]:
     """The bytes ``[start, end)`` of each ``(url, start, end)``: ranged reads in parallel
-    (one call into fsspec's event loop per batch), each failed one retried."""
+    (one call into fsspec's event loop per batch), each failed one retried. ``pins``: by URL,
+    the version each object must still be (:func:`pin`); on S3 a read of an object deleted or
+    replaced since is :class:`ObjectChangedError`."""
+    from fsspec.asyn import sync
+
     if not requests:
         return []
     fs, _ = filesystem(requests[0][0])
     paths = [filesystem(url)[1] for url, _, _ in requests]
-    results: list[Any] = retried(
-        "reading",
-        requests[0][0],
-        fs.cat_ranges,
-        paths,
-        [start for _, start, _ in requests],
-        [end for _, _, end in requests],
-        on_error="return",
-    )
+    pinned = bool(pins) and protocol_of(requests[0][0]) in ("s3", "s3a")
+
+    async def read_pinned(url: str, path: str, start: int, end: int) -> bytes:
+        bucket, key, _ = fs.split_path(path)
+        got = await fs._call_s3(
+            "get_object",
+            Bucket=bucket,
+            Key=key,
+            Range=f"bytes={start}-{end - 1}",
+            **(pins or {}).get(url, {}),
+        )
+        return await got["Body"].read()
+
+    async def read_all_pinned() -> list[Any]:
+        reads = [read_pinned(url, p, s, e) for (url, s, e), p in zip(requests, paths)]
+        return await asyncio.gather(*reads, return_exceptions=True)
+
+    def read_all() -> list[Any]:
+        if pinned:
+            return sync(fs.loop, read_all_pinned)
+        starts, ends = [s for _, s, _ in requests], [e for _, _, e in requests]
+        return fs.cat_ranges(paths, starts, ends, on_error="return")
+
+    def read_one(url: str, path: str, start: int, end: int) -> bytes:
+        if pinned:
+            return sync(fs.loop, read_pinned, url, path, start, end)
+        return fs.cat_file(path, start=start, end=end)
+
+    results = retried("reading", requests[0][0], read_all)
     out: list[bytes] = []
     for (url, start, end), path, got in zip(requests, paths, results):
-        if isinstance(got, BaseException):
-            if not _transient(got):
-                raise got
-            action = f"reading bytes {start}-{end} of"
+        action = f"reading bytes {start}-{end} of"
+        if isinstance(got, BaseException) and _transient(got):
             logger.warning("%s %s failed (%s); retrying", action, url, describe_error(got))
-            got = retried(action, url, fs.cat_file, path, start=start, end=end)
+            try:
+                got = retried(action, url, read_one, url, path, start, end)
+            except Exception as exc:
+                got = exc
+        if isinstance(got, BaseException):
+            if pinned and _changed(got):
+                raise ObjectChangedError(
+                    f"{url} was deleted or overwritten since it was listed ({describe_error(got)})"
+                ) from got
+            raise got
         if len(got) != end - start:
             raise CheckpointError(
                 f"reading bytes {start}-{end} of {url} returned {len(got)} bytes: the object "
@@ -708,22 +759,51 @@ def read_ranges(requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
     return out
 
 
+def _changed(exc: BaseException) -> bool:
+    """Whether a pinned read failed because its object is gone (404) or another (412)."""
+    response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None)
+    status = (response or {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return isinstance(exc, FileNotFoundError) or status in (404, 412)
+
+
 # ----------------------------------------------------------------------------- local spool
-_SPOOL = re.compile(r"^shardwise-(?:save|read)-(\d+)-")
+#: A spool's name: its owner (pid, the first 8 hex digits of the kernel's boot id, the inode
+#: of its PID namespace, its host's name), then mkdtemp's random part.
+_SPOOL = re.compile(r"^shardwise-(?:save|read)-(\d+)-(\w+)-(\d+)-(.+)-\w{8}$")
+
+
+@functools.cache
+def _this_machine() -> tuple[str, str, str]:
+    """What tells this kernel and PID namespace from another host's or container's: the boot
+    id, the PID namespace's inode, the host's name (``0`` where unknown)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:8]
+    except OSError:
+        boot = "0"
+    try:
+        namespace = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        namespace = "0"
+    host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "0"
+    return boot, namespace, host
 
 
 def spool_directory(prefix: str) -> Path:
     """A new private directory on local disk (``SHARDWISE_SPOOL_DIR``, else the system's
     temporary directory) for a rank's files on their way to or from a store; the caller
-    removes it. Those of processes that died (killed in a save) are removed here."""
+    removes it. Its name says which process owns it (pid, boot, PID namespace, host), so that
+    those of processes that died on this machine (killed in a save) are removed here, and no
+    other host's, on a shared disk."""
     root = Path(os.environ.get(SPOOL_ENV) or tempfile.gettempdir())
     root.mkdir(parents=True, exist_ok=True)
     _remove_dead_spools(root)
-    return Path(tempfile.mkdtemp(prefix=f"shardwise-{prefix}-{os.getpid()}-", dir=root))
+    owner = "-".join((str(os.getpid()), *_this_machine()))
+    return Path(tempfile.mkdtemp(prefix=f"shardwise-{prefix}-{owner}-", dir=root))
 
 
 def _remove_dead_spools(root: Path) -> None:
-    """Remove the spool directories in ``root`` whose process is gone."""
+    """Remove the spool directories in ``root`` whose owner ran on this machine (host, boot,
+    PID namespace) and is gone; another host's, or one of unknown owner, is left alone."""
     try:
         entries = list(os.scandir(root))
     except OSError:
@@ -731,6 +811,8 @@ def _remove_dead_spools(root: Path) -> None:
     for entry in entries:
         match = _SPOOL.match(entry.name)
         if match is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        if match.group(2, 3, 4) != _this_machine():
             continue
         try:
             os.kill(int(match.group(1)), 0)
