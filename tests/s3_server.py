@@ -22,6 +22,7 @@ from __future__ import annotations
 import http.client
 import logging
 import os
+import random
 import re
 import socket
 import threading
@@ -114,7 +115,8 @@ def _boto_credentials() -> dict[str, str]:
 class Rule:
     """Requests whose method is ``method`` (None: any) and whose path and query match the
     regular expression ``path`` get ``status`` with the S3 error ``code`` (or a closed
-    connection with ``drop``), ``times`` times (-1: always)."""
+    connection with ``drop``), ``times`` times (-1: always), each with probability ``rate``
+    (drawn from the proxy's seeded generator)."""
 
     method: str | None = None
     path: str = ""
@@ -122,6 +124,7 @@ class Rule:
     code: str = "SlowDown"
     drop: bool = False
     times: int = 1
+    rate: float = 1.0
     hits: int = 0
     seen: list[str] = field(default_factory=list)
 
@@ -137,6 +140,7 @@ class FaultProxy:
         self.server = server
         self.port = free_port()
         self.rules: list[Rule] = []
+        self.random = random.Random(0)
         self.requests = 0
         self.seen: list[str] = []  # every request's method and path, in order
         self._lock = threading.Lock()
@@ -231,7 +235,9 @@ class FaultProxy:
             self.requests += 1
             self.seen.append(f"{method} {path}")
             for rule in self.rules:
-                if rule.times != 0 and rule.matches(method, path):
+                if rule.times == 0 or not rule.matches(method, path):
+                    continue
+                if rule.rate >= 1 or self.random.random() < rule.rate:
                     rule.times -= 1 if rule.times > 0 else 0
                     rule.hits += 1
                     rule.seen.append(f"{method} {path}")

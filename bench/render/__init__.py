@@ -22,6 +22,7 @@ from . import (
     kill_campaign,
     memory_checkpoint,
     meta_init,
+    object_faults,
     object_storage,
     openmmlab,
     overhead,
@@ -53,4 +54,5 @@ WRITERS: dict[str, Callable[[Report, dict[str, Any]], None]] = {
     "object_storage": object_storage.write,
     "openmmlab": openmmlab.write,
     "memory_checkpoint": memory_checkpoint.write,
+    "object_faults": object_faults.write,
 }
