@@ -38,8 +38,9 @@ LAYERS: list[set[str]] = [
     {"optim", "checkpoint", "visualization"},
     {"registry", "config", "dist", "launch_env", "env", "logging", "dtypes", "tree"}
     # mmengine's registry tree behind the registries, and what the runner does with the objects
-    # it builds: imports nothing of shardwise, so registry and runner can use it
-    | {"integrations.openmmlab"},
+    # it builds: imports nothing of shardwise, so registry and runner can use it; the Runner's
+    # compatibility policy over it (imports only it), which runner and optim consult
+    | {"integrations.openmmlab", "integrations.openmmlab_compat"},
 ]
 
 #: The only modules that import mmengine (each only when a config or a user asks for it).

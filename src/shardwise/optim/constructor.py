@@ -30,7 +30,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.optim import Optimizer
 
-from ..integrations import openmmlab
+from ..integrations.openmmlab_compat import optimizer_to_rewrap
 from ..registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
 from .optim_wrapper import OptimWrapper
 
@@ -380,11 +380,10 @@ def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]) -> OptimWrappe
         constructor_cfg = dict(type=constructor)
     constructor_cfg.update(optim_wrapper_cfg=wrapper_cfg, paramwise_cfg=paramwise_cfg)
     built = OPTIM_WRAPPER_CONSTRUCTORS.build(constructor_cfg)(model)
-    if openmmlab.from_mmengine(built) and isinstance(getattr(built, "optimizer", None), Optimizer):
-        # an OpenMMLab package's constructor (mmengine's) grouped the parameters; the
-        # wrapper that steps them is shardwise's, from the same settings
-        settings = {k: v for k, v in wrapper_cfg.items() if k != "optimizer"}
-        return OPTIM_WRAPPERS.build(
-            {"type": "OptimWrapper", **settings, "optimizer": built.optimizer}
-        )
-    return built
+    grouped = optimizer_to_rewrap(built)
+    if grouped is None:
+        return built
+    # an OpenMMLab package's constructor (mmengine's) grouped the parameters; the wrapper
+    # that steps them is shardwise's, from the same settings
+    settings = {k: v for k, v in wrapper_cfg.items() if k != "optimizer"}
+    return OPTIM_WRAPPERS.build({"type": "OptimWrapper", **settings, "optimizer": grouped})

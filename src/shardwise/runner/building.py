@@ -14,18 +14,10 @@ from typing import Any
 from shardwise import dist, launch_env
 from shardwise.checkpoint.storage import ObjectURL, is_url, write_object
 from shardwise.config import Config
-from shardwise.integrations import openmmlab
-from shardwise.registry import (
-    LOG_PROCESSORS,
-    LOOPS,
-    STRATEGIES,
-    VISUALIZERS,
-    init_default_scope,
-)
+from shardwise.registry import LOG_PROCESSORS, LOOPS, STRATEGIES, VISUALIZERS
 from shardwise.strategies import BaseStrategy
 from shardwise.visualization import Visualizer
 
-from .data import draw_like_mmengine
 from .evaluator import build_evaluator
 from .ft_loop import FaultTolerantTrainLoop, ft_config_of
 from .hooks.defaults import with_preemption
@@ -39,11 +31,8 @@ __all__ = [
     "build_train_loop",
     "build_visualizer",
     "dump_config",
-    "mmengine_logs_to",
-    "model_before_init",
-    "recorded_config",
     "runner_kwargs",
-    "in_default_scope",
+    "with_data_preprocessor",
 ]
 
 #: Runner arguments read from the config key of the same name, with their defaults.
@@ -202,7 +191,8 @@ def build_eval_loop(
 ) -> Any:
     """A ``type`` from ``LOOPS`` named by ``loop_cfg``, else ``default``, with its options."""
     cfg = dict(loop_cfg or {})
-    args = dict(runner=runner, dataloader=dataloader, evaluator=build_evaluator(evaluator))
+    built = build_evaluator(evaluator, runner.compat)
+    args = dict(runner=runner, dataloader=dataloader, evaluator=built)
     if "type" in cfg:
         return LOOPS.build(cfg, default_args=args)
     return default(**args, **cfg)
@@ -224,41 +214,9 @@ def dump_config(cfg: Config, work_dir: str, timestamp: str) -> None:
         path.write_text(cfg.pretty_text, encoding="utf-8")
 
 
-# ----------------------------------------------------------------------------- OpenMMLab runs
-
-
-def in_default_scope(model: Any, default_scope: str | None, data_preprocessor: Any) -> Any:
-    """Make the config's ``default_scope`` current (its package's names resolve first), and
-    return the model config with the top-level ``data_preprocessor`` where it has none: what
-    mmengine's Runner does with both keys."""
-    if default_scope is not None:
-        init_default_scope(default_scope)
+def with_data_preprocessor(model: Any, data_preprocessor: Any) -> Any:
+    """The model config with the top-level ``data_preprocessor`` where it has none, as
+    mmengine's Runner merges the two keys (a built model is returned as it is)."""
     if isinstance(model, Mapping) and data_preprocessor is not None:
         return {**model, "data_preprocessor": model.get("data_preprocessor", data_preprocessor)}
-    return model
-
-
-def recorded_config(cfg: Config, visualizer: Any) -> Any:
-    """The config as ``visualizer`` records it: mmengine's ``Config`` for an OpenMMLab
-    package's visualizer (mmengine's class, whose backends take only that)."""
-    return openmmlab.mmengine_config(cfg) if openmmlab.from_mmengine(visualizer) else cfg
-
-
-def mmengine_logs_to(log_dir: str, timestamp: str, logger: logging.Logger) -> None:
-    """An OpenMMLab package's log lines (its model's ``init_weights`` report) into the run's
-    log file, as under mmengine's Runner (:func:`.integrations.openmmlab.log_to`)."""
-    log_file = os.path.join(log_dir, f"{timestamp}.log")
-    openmmlab.log_to(log_file, logger.getEffectiveLevel())
-
-
-def model_before_init(strategy: BaseStrategy, model: Any, loop: Any, dataloader: Any) -> Any:
-    """What ``prepare`` gets: the model config, or, over a dataset of mmengine's with an
-    iteration-based loop, the model built with the draw that comes before its
-    ``init_weights`` under mmengine's Runner (its ``IterBasedTrainLoop`` opens the data
-    iterator between the two; :func:`~shardwise.runner.data.draw_like_mmengine`), so that a
-    seeded run starts from the same weights as mmengine's."""
-    if isinstance(loop, IterBasedTrainLoop) and isinstance(model, Mapping):
-        if openmmlab.from_mmengine(getattr(dataloader, "dataset", None)):
-            model = strategy.build_model(model)
-            draw_like_mmengine(dataloader)
     return model

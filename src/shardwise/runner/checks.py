@@ -28,6 +28,7 @@ from shardwise.checkpoint.formats import detect_format
 from shardwise.checkpoint.storage import check_storage, exists, is_url
 from shardwise.config import Config
 from shardwise.integrations import openmmlab
+from shardwise.integrations.openmmlab_compat import builds_own_vis_backends
 from shardwise.optim import OptimWrapper
 from shardwise.optim.parts import SINGLE, optim_wrapper_parts
 from shardwise.optim.scheduler.builder import build_param_scheduler
@@ -142,7 +143,7 @@ def _is_mmengine_visualizer(visualizer: Any) -> bool:
     if not isinstance(visualizer, Mapping) or not isinstance(visualizer.get("type"), str):
         return False
     with at("visualizer.type"):
-        return openmmlab.from_mmengine(VISUALIZERS.resolve(visualizer["type"]))
+        return builds_own_vis_backends(VISUALIZERS.resolve(visualizer["type"]))
 
 
 def _check_strategy(strategy: Any, world_size: int, local_size: int) -> None:

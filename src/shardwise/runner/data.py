@@ -7,10 +7,10 @@ resumed run continues with exactly the next batch without loading the batches it
 Worker processes are seeded from the seed, the epoch and the rank.
 
 A dataset of mmengine's (an OpenMMLab package's: ``mmpretrain``'s ``CustomDataset``...) gets the
-loader mmengine's Runner would build for it: ``full_init()`` first, mmengine's
-``pseudo_collate`` by default (its samples hold data elements that the model's data
-preprocessor batches; ``collate_fn`` names are mmengine's), mmengine's worker seeding, and
-``draw_like_mmengine`` where mmengine's loops open a DataLoader iterator (see there).
+loader mmengine's Runner would build for it: ``full_init()`` first, and what the Runner's
+compatibility policy says (:mod:`shardwise.integrations.openmmlab_compat`: mmengine's
+``pseudo_collate`` by default and its ``collate_fn`` names, its worker seeding). mmengine's
+``InfiniteSampler`` is :class:`ResumableInfiniteSampler`: the same endless order, resumable.
 
 Example::
 
@@ -35,23 +35,25 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torch.utils.data.dataloader import default_collate
 
 from shardwise import dist
-from shardwise.integrations import openmmlab
+from shardwise.integrations.openmmlab_compat import PlainRun
 from shardwise.registry import DATA_SAMPLERS, DATASETS, FUNCTIONS, DefaultScope
 
 __all__ = [
+    "ResumableInfiniteSampler",
     "ResumableSampler",
     "build_dataloader",
     "start_epoch",
     "seed_worker",
     "pseudo_collate",
     "default_collate",
-    "draw_like_mmengine",
 ]
 
 logger = logging.getLogger(__name__)
 
 # Sampler names from mmengine configs that mean "shuffle (or not) and split across ranks".
 _SAMPLER_NAMES = ("DefaultSampler", "InfiniteSampler", "DistributedSampler", "ResumableSampler")
+_ENDLESS_NAMES = ("InfiniteSampler",)
+_PLAIN = PlainRun()
 _LOADER_KEYS = (
     "batch_size",
     "num_workers",
@@ -135,6 +137,72 @@ class ResumableSampler(DistributedSampler):
         return iter(indices[start:])
 
 
+class ResumableInfiniteSampler(DistributedSampler):
+    """mmengine's ``InfiniteSampler`` (``mmengine/dataset/sampler.py``), resumable: one endless
+    stream of permutations of the dataset (a generator seeded once with ``seed``, not reseeded
+    per epoch), every ``num_replicas``-th index from ``rank`` on; its length is the dataset's.
+    :meth:`skip` starts the next iteration after this rank's first ``num_samples`` indices of
+    the stream (mmengine's Runner loads and drops them; nothing is loaded here).
+    ``set_epoch`` does nothing, as mmengine's."""
+
+    endless = True
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__(
+            dataset,
+            num_replicas=dist.get_world_size() if num_replicas is None else num_replicas,
+            rank=dist.get_rank() if rank is None else rank,
+            shuffle=shuffle,
+            seed=seed,
+        )
+        self.generator = generator
+        self.size = len(dataset)
+        self._start = 0
+        if generator is not None:
+            generator.manual_seed(_mix(seed, 0, self.rank))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing: the stream goes on (mmengine's ``InfiniteSampler.set_epoch``)."""
+
+    def set_seed(self, seed: int) -> None:
+        self.seed = seed
+
+    def skip(self, num_samples: int) -> None:
+        if num_samples < 0:
+            raise ValueError(f"cannot skip a negative number of samples ({num_samples})")
+        self._start = num_samples
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._start = self.rank + self._start * self.num_replicas, 0
+        g = torch.Generator()
+        g.manual_seed(self.seed)
+        passes, offset = divmod(start, self.size)
+        for _ in range(passes):  # the permutations before the start, drawn and dropped
+            self._permutation(g)
+        while True:
+            indices = self._permutation(g)
+            yield from indices[offset :: self.num_replicas]
+            # the next permutation continues the stream where this one's rank slice ended
+            offset = (offset - len(indices)) % self.num_replicas
+
+    def _permutation(self, g: torch.Generator) -> list[int]:
+        if self.shuffle:
+            return torch.randperm(self.size, generator=g).tolist()
+        return list(range(self.size))
+
+
 def _mix(seed: int, epoch: int, rank: int) -> int:
     return (seed * 1_000_003 + epoch * 7_919 + rank) % (2**63 - 1)
 
@@ -155,6 +223,7 @@ def build_dataloader(
     num_replicas: int | None = None,
     rank: int | None = None,
     worker_seed: int | None = None,
+    compat: PlainRun = _PLAIN,
 ) -> DataLoader:
     """A ``DataLoader`` from an object (returned as it is) or a config.
 
@@ -169,7 +238,8 @@ def build_dataloader(
     ``shuffle`` is the default when neither the config nor its sampler says.
     ``num_replicas`` and ``rank`` split the data (default: the process group's world and rank).
     ``worker_seed``: the run's seed, which seeds the workers of a dataset of mmengine's as
-    mmengine's Runner does (default ``seed``).
+    mmengine's Runner does (default ``seed``). ``compat``: the Runner's compatibility policy
+    (the collate function and worker seeding of another framework's dataset).
     """
     if isinstance(dataloader, DataLoader):
         return dataloader
@@ -185,7 +255,6 @@ def build_dataloader(
         dataset = DATASETS.build(dataset)
         if callable(getattr(dataset, "full_init", None)):  # mmengine's: loads its annotations
             dataset.full_init()
-    like_mmengine = openmmlab.from_mmengine(dataset)
     sampler_cfg = dict(cfg.pop("sampler", None) or {})
     shuffle = cfg.pop("shuffle", shuffle)
     generator = torch.Generator()
@@ -197,7 +266,7 @@ def build_dataloader(
         )
     else:  # a package's sampler, built as mmengine's Runner builds it
         sampler = DATA_SAMPLERS.build(sampler_cfg, default_args=dict(dataset=dataset, seed=seed))
-    collate_fn = _collate_fn(cfg.pop("collate_fn", None), like_mmengine)
+    collate_fn = _collate_fn(cfg.pop("collate_fn", None), dataset, compat)
     kwargs = {k: cfg.pop(k) for k in _LOADER_KEYS if k in cfg}
     cfg.pop("worker_init_fn", None)
     if cfg:
@@ -208,13 +277,13 @@ def build_dataloader(
     if kwargs.get("num_workers", 0) == 0:
         kwargs.pop("persistent_workers", None)
         kwargs.pop("prefetch_factor", None)
-    init_fn = seed_worker
-    if like_mmengine:
-        init_fn = openmmlab.worker_init_fn(
-            num_workers=kwargs.get("num_workers", 0),
-            rank=dist.get_rank(),
-            seed=seed if worker_seed is None else worker_seed,
-        )
+    init_fn = compat.worker_init_fn(
+        dataset,
+        seed_worker,
+        num_workers=kwargs.get("num_workers", 0),
+        rank=dist.get_rank(),
+        seed=seed if worker_seed is None else worker_seed,
+    )
     return DataLoader(
         dataset,
         sampler=sampler,
@@ -233,12 +302,15 @@ def _resumable_sampler(
     generator: torch.Generator,
     num_replicas: int | None,
     rank: int | None,
-) -> ResumableSampler:
-    """The sampler of mmengine's ``DefaultSampler`` (and the names like it) configs."""
+) -> ResumableSampler | ResumableInfiniteSampler:
+    """The sampler of mmengine's ``DefaultSampler`` (and the names like it) configs; of its
+    ``InfiniteSampler``, :class:`ResumableInfiniteSampler`."""
     unknown = set(sampler_cfg) - {"type", "seed", "round_up", "_scope_"}  # it pads equal shares
     if unknown:
         raise ValueError(f"unknown sampler keys {sorted(unknown)}; accepted: shuffle, seed")
-    return ResumableSampler(
+    endless = sampler_cfg.get("type") in _ENDLESS_NAMES
+    cls = ResumableInfiniteSampler if endless else ResumableSampler
+    return cls(
         dataset,
         shuffle=shuffle,
         seed=seed,
@@ -248,22 +320,23 @@ def _resumable_sampler(
     )
 
 
-def _collate_fn(collate_fn: Any, like_mmengine: bool) -> Any:
-    """The collate function of a dataloader config (a dataset of mmengine's: mmengine's
-    default and names, as its Runner resolves them)."""
+def _collate_fn(collate_fn: Any, dataset: Any, compat: PlainRun) -> Any:
+    """The collate function of a dataloader config (the default and the names that
+    ``compat`` gives ``dataset``, then ``FUNCTIONS``' names)."""
     if collate_fn is None:
-        return pseudo_collate if like_mmengine else default_collate
+        return _COLLATE_DEFAULTS[compat.default_collate(dataset)]
     if not isinstance(collate_fn, Mapping):
         return collate_fn
     cfg = dict(collate_fn)
     name = cfg.pop("type")
     cfg.pop("_scope_", None)  # from a package's base config: its names are resolved below
-    func = None
-    if like_mmengine and isinstance(name, str):
-        current = DefaultScope.get_current_instance()
-        func = openmmlab.collate_function(name, current and current.scope_name)
+    current = DefaultScope.get_current_instance()
+    func = compat.collate_function(dataset, name, current and current.scope_name)
     func = func or FUNCTIONS.resolve(name)
     return functools.partial(func, **cfg) if cfg else func
+
+
+_COLLATE_DEFAULTS = {"default_collate": default_collate, "pseudo_collate": pseudo_collate}
 
 
 def check_dataloader_cfg(cfg: Mapping[str, Any], name: str = "dataloader") -> None:
@@ -299,14 +372,18 @@ def start_epoch(loader: DataLoader, epoch: int, skip_batches: int = 0) -> Iterat
     """An iterator over ``loader`` for data epoch ``epoch``, starting after ``skip_batches``.
 
     With a :class:`ResumableSampler` the skipped batches are never loaded; with another
-    sampler they are loaded and dropped (a warning says so).
+    sampler they are loaded and dropped (a warning says so). With an endless sampler
+    (:class:`ResumableInfiniteSampler`) there is one stream: data epoch ``epoch`` starts at
+    its ``epoch * len(loader)``-th batch.
     """
     sampler = _sampler_of(loader)
+    if isinstance(sampler, ResumableInfiniteSampler):
+        skip_batches += epoch * len(loader)
     if hasattr(sampler, "set_epoch"):
         sampler.set_epoch(epoch)
     if skip_batches <= 0:
         return iter(loader)
-    if isinstance(sampler, ResumableSampler) and loader.batch_size is not None:
+    if isinstance(sampler, ResumableSampler | ResumableInfiniteSampler) and loader.batch_size:
         sampler.skip(skip_batches * loader.batch_size)
         return iter(loader)
     logger.warning(
@@ -323,20 +400,5 @@ def start_epoch(loader: DataLoader, epoch: int, skip_batches: int = 0) -> Iterat
 def set_sampler_seed(loader: DataLoader, seed: int) -> None:
     """Give ``loader``'s :class:`ResumableSampler` a new seed (after a resume restored one)."""
     sampler = _sampler_of(loader)
-    if isinstance(sampler, ResumableSampler):
+    if isinstance(sampler, ResumableSampler | ResumableInfiniteSampler):
         sampler.set_seed(seed)
-
-
-def draw_like_mmengine(loader: DataLoader) -> None:
-    """Draw from torch's global generator what ``iter(loader)`` would draw if ``loader`` had
-    no generator of its own (one int64: the workers' base seed), for a dataset of mmengine's.
-
-    mmengine's Runner builds its DataLoaders without a generator, so each iterator it opens
-    draws from the generator that also seeds the model's ``init_weights`` and its dropout. The
-    Runner's loops call this where mmengine's loops open one (the iteration-based loop before
-    ``init_weights``, each training epoch from its first batch), so that a seeded run starts
-    from mmengine's weights and draws its masks; the loader's own generator keeps a resumed
-    run's draws those of the run it continues (see :class:`ResumableSampler`).
-    """
-    if openmmlab.from_mmengine(loader.dataset) and loader.generator is not None:
-        torch.empty((), dtype=torch.int64).random_()

@@ -31,11 +31,12 @@ from typing import Any
 import torch
 
 from shardwise import dist
-from shardwise.integrations import openmmlab
+from shardwise.integrations.openmmlab_compat import PlainRun
 from shardwise.registry import EVALUATOR, METRICS
 
 __all__ = ["BaseMetric", "Evaluator", "Accuracy", "MeanLoss", "build_evaluator"]
 
+_PLAIN = PlainRun()
 _LABEL_KEYS = ("labels", "label", "targets", "target", "gt_label", "y")
 _LOGIT_KEYS = ("logits", "pred_score", "preds", "pred", "scores")
 
@@ -223,16 +224,15 @@ class Evaluator:
         return merged
 
 
-def build_evaluator(evaluator: Evaluator | Any) -> Any:
+def build_evaluator(evaluator: Evaluator | Any, compat: PlainRun = _PLAIN) -> Any:
     """An :class:`Evaluator` from an evaluator, a metric, a config or a list of them
-    (mmengine's ``dict(type='Evaluator', metrics=[...])`` too); over an OpenMMLab package's
-    metrics, mmengine's ``Evaluator``. An evaluator object is returned as it is."""
+    (mmengine's ``dict(type='Evaluator', metrics=[...])`` too), or the one the Runner's
+    compatibility policy ``compat`` builds over them (mmengine's over an OpenMMLab package's
+    metrics). An evaluator object is returned as it is."""
     if isinstance(evaluator, Evaluator) or hasattr(evaluator, "metrics"):
         return evaluator
     if isinstance(evaluator, Mapping) and evaluator.get("type") == "Evaluator":
         evaluator = evaluator["metrics"]
     items = list(evaluator) if isinstance(evaluator, Sequence) else [evaluator]
     metrics = [METRICS.build(m) if isinstance(m, Mapping) else m for m in items]
-    if any(openmmlab.from_mmengine(metric) for metric in metrics):
-        return openmmlab.evaluator(metrics)
-    return Evaluator(metrics)
+    return compat.evaluator(metrics, Evaluator)

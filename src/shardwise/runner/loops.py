@@ -7,11 +7,12 @@ exactly the next batch: the data epoch and the number of batches consumed in it 
 from ``iter`` and the epoch length, and the sampler starts there without loading the
 batches before it.
 
-Over a dataset of mmengine's, the loops draw from torch's generator where mmengine's open a
-DataLoader iterator (each training epoch from its first batch, each validation pass;
-:func:`draw_like_mmengine`), and a resumed run makes the draw of the validation pass that
-followed its checkpoint in the run it continues; the loops hand the dataset's ``metainfo`` to
-the evaluator and the visualizer, as mmengine's loops do.
+Where mmengine's loops open a DataLoader iterator (a training epoch's first batch, a new data
+epoch of the iteration-based loop, a validation pass), the loops tell the Runner's
+compatibility policy (``runner.compat``, :mod:`shardwise.integrations.openmmlab_compat`), which
+makes the draws mmengine's Runner makes there; a resumed run tells it which validation passes
+the run it continues made. The loops hand the dataset's ``metainfo`` to the evaluator and the
+visualizer, as mmengine's loops do.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from typing import Any
 
 import torch
 
-from shardwise.integrations import openmmlab
 from shardwise.registry import LOOPS
 
-from .data import draw_like_mmengine, set_sampler_seed, start_epoch
+from .data import set_sampler_seed, start_epoch
 
 __all__ = [
     "BaseLoop",
@@ -63,6 +63,9 @@ class BaseLoop:
 
 class _TrainLoop(BaseLoop):
     by_epoch: bool
+    #: Whether mmengine's loop of this kind opens its data iterator when it is built (before
+    #: the model's ``init_weights``): its ``IterBasedTrainLoop`` does.
+    opens_data_when_built = False
 
     def __init__(self, runner, dataloader, val_begin: int, val_interval: int) -> None:
         super().__init__(runner, dataloader)
@@ -105,9 +108,10 @@ class _TrainLoop(BaseLoop):
     def state_dict(self) -> dict[str, Any]:
         """The position a checkpoint's ``meta`` records (mmengine's ``epoch`` and ``iter``,
         with the epoch length it was reached with; ``in_validation`` for a save made during
-        a validation pass over a dataset of mmengine's, see :meth:`_replay_validation_draw`)."""
+        a validation pass whose opening drew, see :meth:`_replay_validation_draw`)."""
         state = dict(epoch=self._epoch, iter=self._iter, epoch_length=self.epoch_length)
-        if self._validating and self._val_draws_like_mmengine():
+        val_loop = self.runner.val_loop
+        if self._validating and self.runner.compat.draws_at_open(val_loop.dataloader):
             state["in_validation"] = True
         return state
 
@@ -125,23 +129,23 @@ class _TrainLoop(BaseLoop):
             self.iter,
         )
 
-    def _val_draws_like_mmengine(self) -> bool:
-        val_loop = self.runner.val_loop
-        return val_loop is not None and openmmlab.from_mmengine(
-            getattr(val_loop.dataloader, "dataset", None)
-        )
-
     def _replay_validation_draw(self, meta: dict[str, Any]) -> None:
-        """Over a validation dataset of mmengine's: the draw of the validation pass that
-        followed the checkpoint in the run this one continues (a pass due at the checkpoint's
-        position, which the checkpoint was saved before; this run does not repeat it), so
-        that the random state continues as that run's."""
-        if not self._val_draws_like_mmengine() or meta.get("in_validation"):
+        """Tell the policy which validation passes the run this one continues made: those
+        before the checkpoint's position, and the one due at it (the checkpoint was saved
+        before it, or during it: ``in_validation``), which this run does not repeat; the
+        policy replays that pass's draw, so that the random state continues as that run's."""
+        val_loop = self.runner.val_loop
+        if val_loop is None:
             return
         count = self._iter if not self.by_epoch else self._epoch
         at_boundary = not self.by_epoch or self._skip == 0
-        if count > 0 and at_boundary and self._validate_now(count, count == self._max_count()):
-            draw_like_mmengine(self.runner.val_loop.dataloader)
+        last = self._max_count()
+        due = count > 0 and self._validate_now(count, count == last)
+        replay = due and at_boundary and not meta.get("in_validation")
+        earlier = any(self._validate_now(k, k == last) for k in range(1, count))
+        self.runner.compat.resume_eval_passes(
+            val_loop.dataloader, opened_before=earlier or (due and not replay), replay=replay
+        )
 
     def _max_count(self) -> int:
         return self._max_epochs if self.by_epoch else self._max_iters
@@ -223,8 +227,7 @@ class EpochBasedTrainLoop(_TrainLoop):
         runner.call_hook("before_train_epoch")
         runner.model.train()
         skip, self._skip = self._skip, 0
-        if skip == 0:  # a resumed epoch drew when it started, before its checkpoint
-            draw_like_mmengine(self.dataloader)
+        runner.compat.open_train_epoch(self.dataloader, epoch=self._epoch, skip=skip)
         batches = start_epoch(self.dataloader, self._epoch, skip_batches=skip)
         for batch_idx, data_batch in enumerate(batches, start=skip):
             self.run_iter(batch_idx, data_batch)
@@ -237,16 +240,17 @@ class EpochBasedTrainLoop(_TrainLoop):
 class _EndlessBatches:
     """Batches of data epoch after data epoch, starting at a given position.
 
-    Over a dataset of mmengine's it draws where mmengine's endless iterator opens a new one:
-    at each new data epoch (the first one's draw was made before ``init_weights``, see
+    It tells ``compat`` (the Runner's policy) where mmengine's endless iterator opens a new
+    one: at each new data epoch (the first one's opening came before ``init_weights``, see
     :meth:`Runner.train`), and at a resumed position that starts a data epoch.
     """
 
-    def __init__(self, loader, epoch: int, skip: int) -> None:
+    def __init__(self, loader, epoch: int, skip: int, compat: Any) -> None:
         self.loader = loader
         self.epoch = epoch
+        self.compat = compat
         if epoch > 0 and skip == 0:
-            draw_like_mmengine(loader)
+            compat.reopen_endless(loader)
         self._batches: Iterator[Any] = start_epoch(loader, epoch, skip_batches=skip)
 
     def __next__(self) -> Any:
@@ -254,7 +258,7 @@ class _EndlessBatches:
             return next(self._batches)
         except StopIteration:
             self.epoch += 1
-            draw_like_mmengine(self.loader)
+            self.compat.reopen_endless(self.loader)
             self._batches = start_epoch(self.loader, self.epoch)
             return next(self._batches)
 
@@ -265,6 +269,7 @@ class IterBasedTrainLoop(_TrainLoop):
     validate every ``val_interval`` iterations from ``val_begin`` on (and after the last)."""
 
     by_epoch = False
+    opens_data_when_built = True
 
     def __init__(
         self,
@@ -286,7 +291,9 @@ class IterBasedTrainLoop(_TrainLoop):
         runner.call_hook("before_train")
         runner.call_hook("before_train_epoch")
         skip, self._skip = self._skip, 0
-        batches = _EndlessBatches(self.dataloader, self._iter // self.epoch_length, skip)
+        batches = _EndlessBatches(
+            self.dataloader, self._iter // self.epoch_length, skip, runner.compat
+        )
         while self._iter < self._max_iters and not self.stop_training:
             runner.model.train()
             data_batch = next(batches)
@@ -318,7 +325,7 @@ class _EvalLoop(BaseLoop):
         runner.call_hook(f"before_{mode}_epoch")
         was_training = runner.model.training
         runner.model.eval()
-        draw_like_mmengine(self.dataloader)
+        runner.compat.open_eval_pass(self.dataloader)
         for batch_idx, data_batch in enumerate(start_epoch(self.dataloader, 0)):
             self.run_iter(batch_idx, data_batch)
         try:

@@ -29,6 +29,11 @@ model, with its ``data_preprocessor``, found through the config's ``default_scop
 step calls the model with the batch (``model(*batch)`` for a tuple or list,
 ``model(**batch)`` for a dict) and, in training, back-propagates the sum of the returned
 entries whose key contains ``'loss'``.
+
+``runner.compat`` is the run's compatibility policy, chosen once when the Runner is built
+(:func:`~shardwise.integrations.openmmlab_compat.compat_for`): what the Runner does where
+mmengine's Runner could differ (collate, worker seeding, evaluator, the random draws where a
+DataLoader iterator opens, the config a visualizer records, log hand-over).
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ import torch.nn as nn
 
 import shardwise
 from shardwise.config import Config, redact_secrets
-from shardwise.registry import RUNNERS
+from shardwise.integrations.openmmlab_compat import PlainRun, compat_for
+from shardwise.registry import RUNNERS, init_default_scope
 from shardwise.strategies import BaseStrategy
 from shardwise.visualization import Visualizer
 
@@ -54,11 +60,8 @@ from .building import (
     build_train_loop,
     build_visualizer,
     dump_config,
-    in_default_scope,
-    mmengine_logs_to,
-    model_before_init,
-    recorded_config,
     runner_kwargs,
+    with_data_preprocessor,
 )
 from .checkpoints import RunnerCheckpoints
 from .checks import check_components, check_config
@@ -150,7 +153,9 @@ class Runner(RunnerCheckpoints):
         default_scope: str | None = None,
         data_preprocessor: Mapping[str, Any] | nn.Module | None = None,
     ) -> None:
-        model = in_default_scope(model, default_scope, data_preprocessor)
+        if default_scope is not None:
+            init_default_scope(default_scope)  # its package's names resolve first
+        model = with_data_preprocessor(model, data_preprocessor)
         check_components(
             model=model,
             train_dataloader=train_dataloader,
@@ -165,6 +170,7 @@ class Runner(RunnerCheckpoints):
             load_from=load_from,
             resume=resume,
         )
+        self.compat: PlainRun = compat_for(default_scope)
         self.cfg = cfg if isinstance(cfg, Config) else Config(dict(cfg or {}))
         self._model_cfg = model
         self._train_dataloader_cfg = train_dataloader
@@ -221,7 +227,7 @@ class Runner(RunnerCheckpoints):
         if self.rank == 0 and len(recorded):
             dump_config(recorded, self.work_dir, self.timestamp)
         if len(recorded):
-            self.visualizer.add_config(recorded_config(recorded, self.visualizer))
+            self.visualizer.add_config(self.compat.recorded_config(recorded, self.visualizer))
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -367,6 +373,7 @@ class Runner(RunnerCheckpoints):
             num_replicas=self.strategy.data_parallel_size,
             rank=self.strategy.data_parallel_rank,
             worker_seed=self.seed,
+            compat=self.compat,
         )
 
     def _data_seed(self) -> int:
@@ -407,7 +414,7 @@ class Runner(RunnerCheckpoints):
         """For ``val()`` and ``test()``: the model, built and wrapped by the strategy (the
         trained one after ``train()``); its ``init_weights()`` runs unless the config sets
         ``init_weights_for_test_or_val=False``."""
-        mmengine_logs_to(self.log_dir, self.timestamp, self.logger)
+        self.compat.hand_over_logs(self.log_dir, self.timestamp, self.logger)
         init_weights = self.cfg.get("init_weights_for_test_or_val", True)
         dispatch = dict(init_weights_for_test_or_val=init_weights)
         prepared = self.strategy.prepare(
@@ -426,7 +433,7 @@ class Runner(RunnerCheckpoints):
             )
         loop = self.train_loop  # built here unless a hook or the user has asked for it before
         self._build_val()
-        mmengine_logs_to(self.log_dir, self.timestamp, self.logger)
+        self.compat.hand_over_logs(self.log_dir, self.timestamp, self.logger)
         dispatch = dict(
             max_iters=loop.max_iters,
             max_epochs=loop.max_epochs,
@@ -435,7 +442,7 @@ class Runner(RunnerCheckpoints):
         if getattr(self.train_dataloader, "batch_size", None) is not None:
             dispatch["train_micro_batch_size_per_gpu"] = self.train_dataloader.batch_size
         prepared = self.strategy.prepare(
-            model_before_init(self.strategy, self._model_cfg, loop, self.train_dataloader),
+            self.compat.model_to_prepare(self._model_cfg, loop, self.strategy.build_model),
             optim_wrapper=self._optim_wrapper_cfg,
             param_scheduler=self._param_scheduler_cfg,
             compile=self._compile,

@@ -19,7 +19,7 @@ from typing import Any, overload
 
 from torch.optim import Optimizer
 
-from shardwise.integrations import openmmlab
+from shardwise.integrations.openmmlab_compat import scheduler_optimizer
 from shardwise.registry import PARAM_SCHEDULERS, Registry, build_scheduler_from_cfg
 
 from .param_scheduler import OptimizerType, _ParamScheduler
@@ -88,10 +88,9 @@ def _for_scheduler(cfg: Mapping[str, Any], optimizer: Any, registry: Registry) -
     """The optimizer to hand the scheduler ``cfg`` names: an OpenMMLab package's scheduler
     (mmengine's class) takes a torch optimizer, not shardwise's wrapper, so it gets the
     wrapper's own (whose parameter groups it schedules)."""
-    inner = getattr(optimizer, "optimizer", None)
-    if not isinstance(inner, Optimizer):
-        return optimizer
+    if not isinstance(getattr(optimizer, "optimizer", None), Optimizer):
+        return optimizer  # a torch optimizer: every scheduler takes it
     kind = cfg.get("type")
     with registry.switch_scope_and_registry(cfg.get("_scope_")) as scoped:
         cls = scoped.get(kind) if isinstance(kind, str) else kind
-    return inner if openmmlab.from_mmengine(cls) else optimizer
+    return scheduler_optimizer(cls, optimizer)
