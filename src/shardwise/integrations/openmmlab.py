@@ -51,6 +51,7 @@ __all__ = [
     "mmengine_config",
     "mmengine_registry",
     "package_entry",
+    "pass_as_mmengine_loops",
     "restore_mmengine_instances",
     "saved_mmengine_instances",
     "worker_init_fn",
@@ -185,6 +186,22 @@ def from_mmengine(obj: Any) -> bool:
     model, metric, hook, visualizer of an OpenMMLab package); mmengine is not imported."""
     cls = obj if isinstance(obj, type) else type(obj)
     return any(base.__module__.partition(".")[0] == "mmengine" for base in cls.__mro__)
+
+
+def pass_as_mmengine_loops(loops: list[type]) -> None:
+    """Make each class of ``loops`` (shardwise's ``EpochBasedTrainLoop``...) pass the checks
+    package hooks make on ``runner.train_loop`` (mmpretrain's ``PreciseBNHook`` and
+    ``VisualizationHook``: ``isinstance(loop, mmengine.runner.EpochBasedTrainLoop)``): a virtual
+    subclass (``ABCMeta.register``) of mmengine's class of the same name, where there is one.
+    Nothing when mmengine has not been imported (no package hook can test it then)."""
+    if "mmengine" not in sys.modules:
+        return
+    import mmengine.runner
+
+    for cls in loops:
+        theirs = getattr(mmengine.runner, cls.__name__, None)
+        if isinstance(theirs, type) and hasattr(theirs, "register") and not issubclass(cls, theirs):
+            theirs.register(cls)
 
 
 def evaluator(metrics: list[Any]) -> Any:

@@ -94,6 +94,21 @@ class RunnerCheckpoints:
         )
 
     def _before_save_callback(self, checkpoint: dict[str, Any]) -> None:
+        """The ``before_save_checkpoint`` hooks, on every rank, with the keys mmengine's Runner
+        gives them there (it builds the whole dict on every rank; mmengine's ``EMAHook`` swaps
+        ``checkpoint['state_dict']``'s entries): on a rank that writes nothing of a gathered
+        checkpoint (rank 0 writes the full file), the entries torch's gather left empty are
+        this rank's own state (the model's replica under DDP, its shards under FSDP; no copy,
+        no collective), for the hooks only (nothing of it is written)."""
+        checkpointer = self.strategy.checkpointer
+        layout = checkpointer.layout
+        if layout is not None and not layout.format.writes_on(layout.rank):
+            empty = [
+                key for key, value in checkpoint.items() if isinstance(value, dict) and not value
+            ]
+            if empty:
+                local = checkpointer.local_state_dict()
+                checkpoint.update({key: local[key] for key in empty if key in local})
         self.call_hook("before_save_checkpoint", checkpoint=checkpoint)
 
     def _after_load_callback(self) -> Callable[[dict[str, Any]], None]:

@@ -23,6 +23,7 @@ from typing import Any
 from shardwise.checkpoint.object_commit import PrefixClaimedError
 from shardwise.checkpoint.storage import StorageConfigError
 
+from .hooks.package_hooks import PackageHookRefused
 from .once import started_by_shardwise_train
 
 __all__ = ["REFUSALS_ENV", "REFUSED", "REFUSED_EXIT_CODE", "Refusals", "refuse"]
@@ -32,7 +33,7 @@ REFUSALS_ENV = "SHARDWISE_REFUSALS"
 #: The exit code of bad input, the same before and after the ranks start.
 REFUSED_EXIT_CODE = 2
 #: What a rank refuses as bad input (every rank alike).
-REFUSED = (PrefixClaimedError, StorageConfigError)
+REFUSED = (PrefixClaimedError, StorageConfigError, PackageHookRefused)
 
 
 def refuse(error: BaseException) -> int:

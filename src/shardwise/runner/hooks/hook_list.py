@@ -9,6 +9,7 @@ from typing import Any
 from shardwise.registry import HOOKS
 
 from ..priority import Priority, get_priority
+from . import package_hooks
 from .hook import Hook
 
 __all__ = ["HookList"]
@@ -42,6 +43,7 @@ class HookList:
             raise TypeError(
                 f"a hook must be a Hook or a config dict with 'type', got {type(hook).__name__}"
             )
+        package_hooks.adopt(hook)
         if priority is not None:
             hook.priority = priority
         value = get_priority(hook.priority)
@@ -53,7 +55,12 @@ class HookList:
 
     def call(self, runner: Any, fn_name: str, **kwargs: Any) -> None:
         """``fn_name(runner, **kwargs)`` on every hook that has it, in order (a ``TypeError``
-        names the hook: mostly a method whose signature is not the stage's)."""
+        names the hook: mostly a method whose signature is not the stage's). Before
+        ``before_run``, the package hooks are checked against the run
+        (:func:`~.package_hooks.check`: one that cannot run refused, one that will skip
+        its work named)."""
+        if fn_name == "before_run":
+            package_hooks.check(runner, self._hooks)
         for hook in self._hooks:
             method = getattr(hook, fn_name, None)
             if method is None:
