@@ -15,7 +15,7 @@ import torch
 
 import tests.test_runner_support  # noqa: F401 - registers DropoutRegressor, RegressionData
 from shardwise.config import REDACTED, Config, redact_secrets
-from shardwise.runner import CheckpointHook, Runner
+from shardwise.runner import CheckpointHook, LoggerHook, Runner
 from tests.s3_server import FaultProxy, shared_server
 
 KEY, SECRET = "AKIAREDACTIONTEST7Q", "s3cr3t-Zq9-never-written"
@@ -63,10 +63,20 @@ def test_a_redacted_config_keeps_its_file_name_and_renders_without_the_secret(tm
     assert cfg.backend_args.secret == SECRET
 
 
-def test_a_refused_backend_args_names_the_options_without_their_secrets():
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda args: CheckpointHook(out_dir="s3://b/c", backend_args=args),
+        lambda args: LoggerHook(out_dir="logs", backend_args=args),
+        lambda args: LoggerHook(file_client_args=args),
+    ],
+    ids=["CheckpointHook", "LoggerHook", "LoggerHook-without-out_dir"],
+)
+def test_a_refused_backend_args_names_the_options_without_their_secrets(build):
     with pytest.raises(ValueError, match="petrel") as refused:
-        CheckpointHook(out_dir="s3://b/c", backend_args=dict(backend="petrel", secret=SECRET))
-    assert SECRET not in str(refused.value) and REDACTED in str(refused.value)
+        build(dict(backend="petrel", key=KEY, secret=SECRET))
+    said = str(refused.value)
+    assert SECRET not in said and KEY not in said and f"'secret': '{REDACTED}'" in said
 
 
 # ----------------------------------------------------------------------------- a run

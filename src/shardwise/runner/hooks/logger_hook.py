@@ -62,6 +62,7 @@ import numpy as np
 import torch
 
 from shardwise import dist
+from shardwise.config import redact_secrets
 from shardwise.logging import written_above_bar
 from shardwise.registry import HOOKS
 from shardwise.visualization import tracked_scalars
@@ -496,7 +497,7 @@ def _check_logger_args(
     if out_dir is None and file_client_args is not None:
         raise ValueError(
             'file_client_args should be "None" when `out_dir` is not specified, got '
-            f"{file_client_args!r}"
+            f"{redact_secrets(file_client_args, storage=True)!r}"
         )
     if file_client_args is not None and backend_args is not None:
         raise ValueError(
@@ -512,9 +513,9 @@ def _check_logger_args(
             and args.get("backend") not in _LOCAL_BACKENDS
         ):
             raise ValueError(
-                f"LoggerHook({name}={args!r}): shardwise copies the logs to a local or shared "
-                "filesystem; only backend='local' (or 'disk') is supported. Mount the storage "
-                "and set out_dir to its path."
+                f"LoggerHook({name}={redact_secrets(args, storage=True)!r}): shardwise copies the "
+                "logs to a local or shared filesystem; only backend='local' (or 'disk') is "
+                "supported. Mount the storage and set out_dir to its path."
             )
     if out_dir is not None and "://" in str(out_dir):
         raise ValueError(
