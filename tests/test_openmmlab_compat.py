@@ -245,7 +245,7 @@ model = dict(type='TinyClassifier')
 train_dataloader = dict(
     batch_size=4, num_workers={workers}, persistent_workers={persistent},
     sampler=dict(type='{sampler}', shuffle=True),
-    dataset=dict(type='Blobs', n=24, pipeline=[dict(type='Jitter'), dict(type='Pack')]))
+    dataset=dict(type='Blobs', n=24, pipeline={pipeline}))
 val_dataloader = dict(
     batch_size=4, num_workers={workers}, persistent_workers={persistent},
     sampler=dict(type='DefaultSampler', shuffle=False),
@@ -254,15 +254,20 @@ val_evaluator = dict(type='Accuracy')
 val_cfg = dict()
 optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.2, momentum=0.9))
 train_cfg = {train_cfg}
-default_hooks = dict(checkpoint=dict(type='CheckpointHook', by_epoch={by_epoch}, interval=4))
+default_hooks = dict(
+    checkpoint=dict(type='CheckpointHook', by_epoch={by_epoch}, interval={interval}))
 randomness = dict(seed=0)
 custom_hooks = [dict(type='RecordLosses', out='{out}')]
 """
 
 
+JITTER = "[dict(type='Jitter'), dict(type='Pack')]"  # NumPy's generator, in the workers
+
+
 def _run(trainer, tmp_path: Path, name: str, *args: str, **fields):
     out = tmp_path / f"{name}_record"
     config = tmp_path / f"{name}.py"
+    fields = dict(dict(pipeline=JITTER, interval=4), **fields)
     config.write_text(CONFIG.format(out=out, **fields))
     proc = trainer(config, tmp_path / name, FAKE, *args)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -291,6 +296,28 @@ def test_persistent_workers_train_as_under_mmengine_over_epochs_and_validation(t
         by_epoch=True,
     )
     assert len(losses) == 18
+
+
+def test_a_run_with_persistent_workers_resumes_with_mmengine_s_draws(tmp_path):
+    """Resumed from epoch 1's checkpoint (saved before that epoch's validation pass, the
+    loader's first: its draw is replayed; epoch 2's start and its validation draw nothing),
+    bit for bit. The training pipeline draws nothing in the workers: a resumed run starts new
+    worker processes, whose generators start again (under mmengine's Runner too)."""
+    fields = dict(
+        workers=1,
+        persistent=True,
+        sampler="DefaultSampler",
+        train_cfg="dict(by_epoch=True, max_epochs=3, val_interval=1)",
+        by_epoch=True,
+        pipeline="[dict(type='Pack')]",
+        interval=1,
+    )
+    losses, _ = _against_mmengine(tmp_path, **fields)
+    checkpoint = tmp_path / "shardwise" / "epoch_1.pth"
+    resumed, _ = _run(
+        train_with_shardwise, tmp_path, "resumed", "--resume", str(checkpoint), **fields
+    )
+    assert resumed == losses[6:]
 
 
 def test_an_iteration_based_infinite_sampler_config_trains_as_under_mmengine_and_resumes(
