@@ -236,6 +236,20 @@ def test_the_infinite_sampler_gives_mmengine_s_endless_order_and_resumes_anywher
             assert [next(stream) for _ in range(20)] == expected[start : start + 20]
 
 
+def test_an_infinite_sampler_under_an_epoch_based_loop_is_refused_in_one_line():
+    """Its first epoch would never end (under mmengine's Runner too)."""
+    from shardwise.runner.checks import check_components
+
+    loader = dict(batch_size=4, dataset=dict(type="X"), sampler=dict(type="InfiniteSampler"))
+    args = dict(model=dict(type="M"), optim_wrapper=dict(), val_dataloader=None)
+    args.update(val_evaluator=None, val_cfg=None, load_from=None, resume=False)
+    with pytest.raises(ValueError, match="'InfiniteSampler' never ends an epoch"):
+        check_components(
+            train_dataloader=loader, train_cfg=dict(by_epoch=True, max_epochs=2), **args
+        )
+    check_components(train_dataloader=loader, train_cfg=dict(by_epoch=False, max_iters=2), **args)
+
+
 # ----------------------------------------------------------------------------- whole runs
 
 

@@ -324,10 +324,11 @@ def check_components(
             f"{', '.join(given)} but not {', '.join(missing)}. Add "
             + " and ".join(f"{k}=..." for k in missing)
         )
-    if train_cfg is not None:
-        check_train_cfg(train_cfg)
+    by_epoch = check_train_cfg(train_cfg) if train_cfg is not None else None
     if isinstance(train_dataloader, Mapping):
         check_dataloader_cfg(train_dataloader, "train_dataloader")
+        if by_epoch:
+            _check_epochs_end(train_dataloader)
     _check_evaluation("val", "validation", val_dataloader, val_evaluator, val_cfg)
     _check_evaluation("test", "testing", test_dataloader, test_evaluator, test_cfg)
     if train_cfg is not None and "val_interval" in train_cfg and val_dataloader is None:
@@ -428,7 +429,43 @@ def checkpoints_hint(path: Path, resume: str = "resume=True") -> str:
     return f"Check the path, or use {resume} to resume from the latest checkpoint in work_dir."
 
 
-def check_train_cfg(train_cfg: Any) -> None:
+def _check_own_train_loop(loop_type: Any) -> None:
+    """A training loop named by ``train_cfg.type`` derives from shardwise's (its position is
+    what checkpoints record and resume from); a package's own (an OpenMMLab package's, derived
+    from mmengine's loops) is refused, naming it."""
+    from shardwise.registry import LOOPS
+
+    from .loops import EpochBasedTrainLoop, IterBasedTrainLoop
+
+    cls = LOOPS.get(loop_type) if isinstance(loop_type, str) else loop_type
+    ours = (EpochBasedTrainLoop, IterBasedTrainLoop)
+    if isinstance(cls, type) and openmmlab.from_mmengine(cls) and not issubclass(cls, ours):
+        raise ValueError(
+            f"train_cfg.type={loop_type!r} is {cls.__module__}.{cls.__qualname__}, a training "
+            "loop of mmengine's kind: shardwise's Runner trains with its own loops (their "
+            "position is what its checkpoints save and resume); use "
+            "type='EpochBasedTrainLoop' or 'IterBasedTrainLoop' with the same max_epochs or "
+            "max_iters, or train this config with mmengine's Runner"
+        )
+
+
+def _check_epochs_end(train_dataloader: Mapping[str, Any]) -> None:
+    """Refuse an endless sampler under an epoch-based loop, whose first epoch would never end
+    (under mmengine's Runner too)."""
+    sampler = train_dataloader.get("sampler")
+    kind = sampler.get("type") if isinstance(sampler, Mapping) else None
+    if kind == "InfiniteSampler":
+        raise ValueError(
+            "train_dataloader.sampler type 'InfiniteSampler' never ends an epoch and train_cfg "
+            "is epoch-based: the first epoch would run forever; use "
+            "sampler=dict(type='DefaultSampler', shuffle=True), or an iteration-based "
+            "train_cfg=dict(by_epoch=False, max_iters=N)"
+        )
+
+
+def check_train_cfg(train_cfg: Any) -> bool | None:
+    """Refuse a ``train_cfg`` that cannot train; whether it is epoch-based (None: a loop of
+    another ``type``, which checks its own arguments)."""
     if not isinstance(train_cfg, Mapping):
         raise TypeError(
             f"train_cfg must be a dict such as dict(by_epoch=True, max_epochs=10), got "
@@ -436,7 +473,8 @@ def check_train_cfg(train_cfg: Any) -> None:
         )
     loop_type = train_cfg.get("type")
     if loop_type is not None and loop_type not in ("EpochBasedTrainLoop", "IterBasedTrainLoop"):
-        return  # a custom loop checks its own arguments
+        _check_own_train_loop(loop_type)
+        return None  # a custom loop checks its own arguments
     by_epoch = train_cfg.get("by_epoch")
     if loop_type is not None:
         by_epoch = loop_type == "EpochBasedTrainLoop"
@@ -457,3 +495,4 @@ def check_train_cfg(train_cfg: Any) -> None:
         )
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"train_cfg.{key} must be a positive int, got {value!r}")
+    return bool(epochs)
