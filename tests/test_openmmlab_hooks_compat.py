@@ -5,7 +5,8 @@
   mmengine.runner.EpochBasedTrainLoop)``, as mmpretrain's ``PreciseBNHook``) runs after every
   epoch, as under mmengine's Runner: the same BatchNorm statistics, losses and weights.
 - A package's own validation loop (mmengine's ``ValLoop`` subclassed, in the package's
-  ``LOOPS``) validates as under mmengine's Runner.
+  ``LOOPS``) validates as under mmengine's Runner; its own training loop (mmengine's
+  ``EpochBasedTrainLoop`` subclassed) is refused in one line naming it.
 - mmengine's ``EMAHook`` under ``DDPStrategy`` on 2 ranks: every rank's
   ``before_save_checkpoint`` hooks see the model's keys, the checkpoint holds the EMA weights
   as mmengine's does (swapped into ``state_dict``), and a resume continues bit for bit.
@@ -89,6 +90,22 @@ def test_a_hook_that_tests_for_mmengine_s_epoch_loop_and_a_package_s_val_loop_ru
     mine, theirs = (_weights(tmp_path / n / "epoch_3.pth") for n in ("shardwise", "mmengine"))
     assert sorted(mine) == sorted(theirs) and "net.2.running_mean" in mine
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+
+
+def test_a_package_s_own_training_loop_is_refused_in_one_line_naming_it(tmp_path):
+    """mmengine's ``EpochBasedTrainLoop`` subclassed by the package: shardwise's Runner trains
+    with its own loops (their position is what checkpoints resume from); refused before any
+    worker starts, exit code 2."""
+    text = EPOCHS_CONFIG.replace("{model}", "NormClassifier").replace(
+        "train_cfg = dict(by_epoch=True, max_epochs=3)",
+        "train_cfg = dict(type='TaggedEpochLoop', max_epochs=3)",
+    )
+    proc, out = _train(train_with_shardwise, tmp_path, "tagged", text)
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert proc.stderr.count("\n") == 1, proc.stderr[-4000:]
+    assert "train_cfg.type='TaggedEpochLoop' is fakemm.compat_parts.TaggedEpochLoop" in proc.stderr
+    assert "use type='EpochBasedTrainLoop' or 'IterBasedTrainLoop'" in proc.stderr
+    assert not (tmp_path / "tagged").exists() and not out.exists()
 
 
 @pytest.mark.xfail(
