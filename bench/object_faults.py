@@ -7,8 +7,9 @@ rotated each repeat).
 The file goes as a multipart upload of 16 MiB parts (``storage.UPLOAD_PART``: 64 parts);
 botocore's standard retry mode sends a failed request (a part, the upload's start or its
 completion) again alone, within one attempt of shardwise's outer retry. Recorded per upload:
-the seconds, the faults injected, the requests sent, the multipart uploads started (1: the
-file was never restarted), and that the object is whole (its size). moto keeps the object in
+the seconds, the faults injected, the requests sent, the requests the client sent again (and
+why: an injected fault, or a timeout of the loaded machine), the multipart uploads started
+(1: the file was never restarted), and that the object is whole (its size). moto keeps the object in
 this process's memory: it stands for the protocol, not for S3's bandwidth.
 
     python bench/object_faults.py --full --out object_faults.json
@@ -16,6 +17,7 @@ this process's memory: it stands for the protocol, not for S3's bandwidth.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -39,8 +41,16 @@ def _upload(proxy: Any, rule: Any, local: Path, url: str, rate: float) -> dict[s
 
     rule.rate = rate
     hits, seen = rule.hits, len(proxy.seen)
+    notes: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: notes.append(record.getMessage())  # type: ignore[method-assign]
+    storage_log = logging.getLogger("shardwise.checkpoint.storage")
+    storage_log.addHandler(handler)
     start = time.perf_counter()
-    upload_files([(local, url)])
+    try:
+        upload_files([(local, url)])
+    finally:
+        storage_log.removeHandler(handler)
     seconds = time.perf_counter() - start
     requests, faulted = proxy.seen[seen:], rule.seen[hits:]
 
@@ -54,6 +64,8 @@ def _upload(proxy: Any, rule: Any, local: Path, url: str, rate: float) -> dict[s
         faults=rule.hits - hits,
         requests=len(requests),
         uploads_started=starts(requests) - starts(faulted),  # those the store answered
+        retried_requests=sum("a request failed" in note for note in notes),
+        notes=sorted({note.split(": a request failed (")[-1].split(":")[0] for note in notes}),
         whole=info is not None and int(info["size"]) == local.stat().st_size,
     )
 

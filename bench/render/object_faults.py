@@ -33,6 +33,9 @@ def write(rep: Report, res: dict[str, Any]) -> None:
             f"{res['bytes'] / r['seconds'] / 1e6:,.0f} MB/s",
             str(r["faults"]),
             str(r["requests"]),
+            f"{r['retried_requests']} ({', '.join(sorted({n.split(':')[0] for n in r['notes']}))})"
+            if r.get("retried_requests")
+            else "0",
             str(r["uploads_started"]),
             "yes" if r["whole"] else "**no**",
         ]
@@ -40,7 +43,17 @@ def write(rep: Report, res: dict[str, Any]) -> None:
         for i, r in enumerate(res["runs"][case])
     ]
     rep.table(
-        ["case", "repeat", "seconds", "rate", "faults", "requests", "uploads started", "whole"],
+        [
+            "case",
+            "repeat",
+            "seconds",
+            "rate",
+            "faults injected",
+            "requests",
+            "sent again (why)",
+            "uploads started",
+            "whole",
+        ],
         rows,
     )
     if res.get("stopped"):

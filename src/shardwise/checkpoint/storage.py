@@ -14,11 +14,15 @@ storage through the commit protocol of :mod:`.object_commit` and the reads of
 - storage options by URL prefix (mmengine's ``backend_args``: :func:`set_storage_options`);
   otherwise credentials and endpoints come from the environment as the client reads them
   (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``~/.aws``, ``FSSPEC_S3_*``...);
-- object operations retried with backoff (throttling, HTTP 5xx, dropped connections) and
-  then one :class:`~.files.CheckpointError` naming the object (:func:`retried`): uploads of
-  a rank's files in parallel (:func:`upload_files`; s3fs uploads large objects in parts),
-  ranged reads (:func:`read_ranges`), listings, small objects with a condition
-  (:func:`write_object`: only if absent, or only if unchanged since read).
+- retries in two layers, of failures a retry may mend only (throttling, HTTP 5xx, dropped
+  or timed-out connections: :func:`_transient`): each S3 request by its client (botocore's
+  standard mode; a failed part of a multipart upload is sent again alone), logged; each
+  object operation by :func:`retried`, with backoff, then one
+  :class:`~.files.CheckpointError` naming the object. The operations: uploads of a rank's
+  files in parallel (:func:`upload_files`; s3fs uploads large objects in parts), ranged reads
+  pinned to the version listed (:func:`read_ranges`, :func:`pin`), listings, small objects
+  with a condition (:func:`write_object`: only if absent, or only if unchanged since read),
+  the abort of incomplete multipart uploads (:func:`abort_incomplete_uploads`).
 
 Example::
 
@@ -281,12 +285,12 @@ def filesystem(url: str, what: str = "path") -> tuple[Any, str]:
             f"{what}={str(url)!r}: fsspec knows no {protocol}:// protocol; use a local path or "
             "a URL such as s3://bucket/prefix, gs://bucket/prefix, az://container/prefix"
         ) from None
-    if protocol in ("s3", "s3a"):
+    if protocol in ("s3", "s3a") and not getattr(fs, "_shardwise_notes_retries", False):
         fs.retries = 1  # s3fs's own loop, around botocore's (shardwise's instance)
-        client = fs.connect()
-        client.meta.events.register(
+        fs.connect().meta.events.register(
             "needs-retry.s3", _note_request_retry, unique_id="shardwise-note-retry"
         )
+        fs._shardwise_notes_retries = True
     return fs, path
 
 
