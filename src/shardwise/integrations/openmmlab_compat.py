@@ -43,6 +43,8 @@ __all__ = [
     "PlainRun",
     "builds_own_vis_backends",
     "compat_for",
+    "is_package_hook",
+    "is_package_loop",
     "optimizer_to_rewrap",
     "scheduler_optimizer",
 ]
@@ -251,6 +253,22 @@ def builds_own_vis_backends(visualizer_cls: Any) -> bool:
     """Whether a visualizer class is mmengine's (it builds its own ``vis_backends``, which
     shardwise's config checks leave to it)."""
     return openmmlab.from_mmengine(visualizer_cls)
+
+
+def is_package_hook(hook: Any) -> bool:
+    """Whether ``hook`` is mmengine's kind (an OpenMMLab package's or mmengine's own
+    ``Hook``): it may test the runner as mmengine's Runner (its loops' classes...)."""
+    return openmmlab.from_mmengine(hook)
+
+
+def is_package_loop(loop_cls: Any, ours: tuple[type, ...]) -> bool:
+    """Whether a training loop class (``train_cfg.type``) is mmengine's kind and none of
+    shardwise's loops ``ours`` (whose position its checkpoints save and resume)."""
+    return (
+        isinstance(loop_cls, type)
+        and openmmlab.from_mmengine(loop_cls)
+        and not issubclass(loop_cls, ours)
+    )
 
 
 def optimizer_to_rewrap(built: Any) -> Any:

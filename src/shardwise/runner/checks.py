@@ -28,7 +28,7 @@ from shardwise.checkpoint.formats import detect_format
 from shardwise.checkpoint.storage import check_storage, exists, is_url
 from shardwise.config import Config
 from shardwise.integrations import openmmlab
-from shardwise.integrations.openmmlab_compat import builds_own_vis_backends
+from shardwise.integrations.openmmlab_compat import builds_own_vis_backends, is_package_loop
 from shardwise.optim import OptimWrapper
 from shardwise.optim.parts import SINGLE, optim_wrapper_parts
 from shardwise.optim.scheduler.builder import build_param_scheduler
@@ -439,7 +439,7 @@ def _check_own_train_loop(loop_type: Any) -> None:
 
     cls = LOOPS.get(loop_type) if isinstance(loop_type, str) else loop_type
     ours = (EpochBasedTrainLoop, IterBasedTrainLoop)
-    if isinstance(cls, type) and openmmlab.from_mmengine(cls) and not issubclass(cls, ours):
+    if is_package_loop(cls, ours):
         raise ValueError(
             f"train_cfg.type={loop_type!r} is {cls.__module__}.{cls.__qualname__}, a training "
             "loop of mmengine's kind: shardwise's Runner trains with its own loops (their "
