@@ -1,9 +1,10 @@
 """kill -9 in the middle of multipart uploads to an S3 server (slow suite): a checkpoint
-above the multipart threshold (a 40 MiB state: three 16 MiB parts, ``storage.UPLOAD_PART``)
+above the multipart threshold (32 MiB: a 42 MiB checkpoint goes as three parts of
+``storage.UPLOAD_PART``, 16 MiB)
 is saved again and again and the process killed at a random moment of its upload; the next
 save of the resumed run leaves no incomplete multipart upload under the prefix (the clean-up
-of leftovers aborts them, ``storage.abort_incomplete_uploads``), and resumes the last
-committed checkpoint, whole.
+of leftovers aborts them, ``storage.abort_incomplete_uploads``), and the resume read a
+committed checkpoint whole.
 
 Each trial starts one process (``saving_loop``) on the prefix: it resumes, saves once (the
 save after the previous kill), reports, waits for the go-ahead, then saves in a loop until
