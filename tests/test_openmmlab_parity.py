@@ -7,7 +7,9 @@ without them). Each child config of a corpus config trains 2 epochs on one proce
 mmengine's Runner and with ``shardwise train`` (the same seed, tiny generated images, no worker
 processes): the same starting weights, every iteration's loss to 1e-5, the same final weights
 (and EMA weights); then ``shardwise train --resume`` from the first epoch's checkpoint gives
-the second epoch's losses and the final weights bit for bit.
+the second epoch's losses and the final weights bit for bit. The EMAHook child also trains on
+2 DDP ranks (every rank's ``before_save_checkpoint`` hooks see the model's keys) and resumes
+bit for bit.
 
 The default suite runs the same paths on the stand-in package:
 ``tests/test_openmmlab_hooks_compat.py``.
@@ -209,3 +211,33 @@ def test_a_recipe_trains_as_under_mmengine_s_runner_and_resumes_bit_exactly(
     for key in saved:
         whole = runs["shardwise"][key]
         assert all(torch.equal(whole[k], again[key][k]) for k in whole), key
+
+
+@pytest.mark.slow
+def test_ema_hook_on_two_ddp_ranks_saves_the_ema_weights_and_resumes_bit_exactly(
+    openmmlab_env, images, tmp_path
+):
+    """The EMAHook child on 2 DDP ranks: every rank's EMAHook swaps the EMA weights into the
+    checkpoint as mmengine's does (rank 1 met a KeyError here), and a resume from the first
+    epoch gives the second epoch's losses, weights and EMA weights bit for bit."""
+    runs = {}
+    for name in ("whole", "resumed"):
+        out = tmp_path / f"{name}_record"
+        config = write_child("resnet18_ema", tmp_path, images, out, name=f"{name}_config")
+        config.write_text(config.read_text() + "strategy = dict(type='DDPStrategy')\n")
+        args = ["--nproc-per-node", "2"]
+        if name == "resumed":
+            args += ["--resume", str(tmp_path / "whole" / "epoch_1.pth")]
+        proc = train_with_shardwise(config, tmp_path / name, openmmlab_env, *args)
+        assert proc.returncode == 0, f"{name}:\n{proc.stderr[-4000:]}"
+        runs[name] = (
+            json.loads((out / "losses.json").read_text()),
+            _checkpoint(tmp_path / name / f"epoch_{EPOCHS}.pth"),
+        )
+    (losses, whole), (resumed, again) = runs["whole"], runs["resumed"]
+    per_epoch = EPOCH_LENGTH // 2  # the images split over 2 ranks
+    assert len(losses) == EPOCHS * per_epoch and resumed == losses[per_epoch:]
+    weights, ema = whole["state_dict"], whole["ema_state_dict"]
+    assert sorted(ema) == sorted(["steps", *(f"module.{k}" for k in weights)])
+    for key in ("state_dict", "ema_state_dict"):
+        assert all(torch.equal(whole[key][k], again[key][k]) for k in whole[key]), key
