@@ -8,28 +8,64 @@ last:
 1. every rank writes its part with the local writers, into a spool directory of its own
    (:func:`~.storage.spool_directory`: the same bytes, checksummed while written), and the
    ranks agree that they did (the training thread's one step in an asynchronous save);
-2. rank 0 prepares the prefix: it checks that this run may write there (:class:`RunClaims`),
-   removes what interrupted saves left, writes a marker ``.NAME.partial`` naming the save in
-   progress, and, to overwrite a committed ``NAME``, deletes its manifest (the old checkpoint
+2. rank 0 prepares the prefix: it checks that this run owns it (:class:`RunClaims`), removes
+   what interrupted saves left, writes a marker ``.NAME.partial`` naming the save in progress
+   (its run and claim), and, to overwrite ``NAME``, deletes its manifest (the old checkpoint
    is no longer committed) and then its objects; the ranks agree;
 3. every rank uploads its files, several at a time (large ones in parts), and the ranks agree
    (each rank's error, and the sizes and checksums of what it uploaded);
-4. rank 0 writes the manifest (every object's size and checksum, a sequence number and the
-   run), which commits the checkpoint; then ``last_checkpoint``; then it removes the marker
-   and deletes what retention retires (each one marked, its manifest first).
+4. rank 0 checks its claim again, then writes the manifest (every object's size and checksum,
+   a sequence number and the run), which commits the checkpoint; then ``last_checkpoint``;
+   then it removes the marker and deletes what retention retires (each one marked, its
+   manifest first) while its claim still holds.
 
-A checkpoint without its manifest is never loaded (:func:`find_last_checkpoint_at` and
-``shardwise ckpt verify`` see no committed checkpoint) and the next save deletes it, since
-its marker names it; objects that no marker names and no manifest commits are someone
-else's, and a save refuses to replace them. A save that fails on any rank deletes what it
-uploaded and commits nothing.
+**Committed** means: the manifest exists *and* every object it names exists with the size it
+records (:meth:`Listing.committed`). Only committed checkpoints are listed, resumed from
+(:func:`find_last_checkpoint_at`) or counted as the newest. A listing reads one level of the
+prefix (checkpoint names and markers: one LIST with a delimiter), the manifests' times (one
+HEAD per checkpoint directory), and the manifests and objects only of the candidates a caller
+needs (the newest, walking back past incomplete ones): its cost grows with the checkpoints
+kept, not with their objects.
 
-Two runs must not write one prefix (their checkpoints, ``last_checkpoint`` and retention
-would mix): the first save of a run claims the prefix with an object ``.shardwise-owner.json``
-written only if absent (or, to take over, only if unchanged since read: conditional writes);
-a run may take over only what it continues: a prefix whose newest committed checkpoint it
-resumed from, or one with no committed checkpoint. At each commit rank 0 checks the claim is
-still its own. A run that finds another's claim is refused, in one line naming it.
+**Claims.** Two runs must not write one prefix (their checkpoints, ``last_checkpoint`` and
+retention would mix). A run's first save there writes the owner object ``.shardwise-owner.json``
+with a conditional write: only if absent, or, to take over, only if its ETag is still the one
+read. The body carries a claim id new to that write; the run keeps the id it wrote (never
+what a later read returns). A claim holds while the owner object's body carries that id.
+Invariants, and why they hold:
+
+- *At most one run owns a prefix*: ids are unique and the owner object holds one of them; a
+  run acts as owner (clean-up, marker, manifest, retention) only right after reading its id
+  there (:meth:`RunClaims.confirm`).
+- *A lost response is not a refusal*: a conditional write whose response was lost is retried
+  and answered 412; the run reads the owner object and, finding its own id, holds the claim.
+- *Only committed checkpoints are resumed*: see above. A save overtaken by a takeover either
+  fails its check before the manifest (and deletes what it uploaded while nobody else owns the
+  prefix, else leaves it to the owner's clean-up), or, when its check passed just before the
+  takeover (the window between the GET of the owner object and the manifest PUT; S3 has no
+  write conditional on another object), its manifest may land naming objects the taker's
+  clean-up removed: that checkpoint is not committed, and nothing resumes from it.
+- *No run deletes the in-flight objects of the prefix's owner*: a run deletes leftovers,
+  overwritten checkpoints, retired checkpoints and its own failed save only right after
+  confirming its own claim, and leftovers only of markers whose claim is not the owner's.
+- *A run takes over only what it continues*: a prefix with no committed checkpoint, one whose
+  newest committed checkpoint it resumed from, or (a rollback, below) one of its committed
+  checkpoints that the run resumed from explicitly while newer ones were there. Otherwise the
+  save is refused, in one line naming the owner.
+
+**Rolling a run back.** Resume explicitly from an older checkpoint of the prefix
+(``resume='s3://bucket/run/iter_4.pth'``, ``--resume s3://bucket/run/iter_4.pth``); the first
+save takes the prefix over with a new claim and logs one line naming the newer checkpoints.
+They are kept, not deleted: the resumed line's saves are newer, so ``resume=True`` picks them
+from its first save on, a save of the same name replaces one, and the others stay until
+deleted by hand. A checkpoint that was the newest when resumed but no longer is at the first
+save means another run committed meanwhile: that is refused, not a rollback.
+
+**Stores without conditional writes.** The first claim of a run probes the store: a second
+write only-if-absent of a probe object must be refused. A store that accepts it cannot keep
+two runs apart; the save is refused, naming the store, unless ``SHARDWISE_SINGLE_WRITER=1``
+(the user sees to it that one run writes each prefix), when claims are written
+unconditionally, still checked before each commit, with one warning.
 
 Example::
 
@@ -69,12 +105,14 @@ from .storage import (
     ObjectURL,
     delete_objects,
     etag,
+    filesystem,
     is_url,
     list_objects,
     location,
     modified,
     object_info,
     read_object,
+    retried,
     spool_directory,
     upload_files,
     write_object,
@@ -83,6 +121,8 @@ from .storage import (
 __all__ = [
     "PrefixClaimedError",
     "OWNER",
+    "SINGLE_WRITER_ENV",
+    "Listing",
     "ObjectCommit",
     "commit_for",
     "RunClaims",
@@ -97,6 +137,8 @@ logger = logging.getLogger(__name__)
 
 #: The object naming the run that writes a prefix.
 OWNER = ".shardwise-owner.json"
+#: Set to 1 to save to a store that ignores conditional writes (one run per prefix, unchecked).
+SINGLE_WRITER_ENV = "SHARDWISE_SINGLE_WRITER"
 _Outcome = tuple[str | None, dict[str, dict[str, Any]]]
 
 
@@ -108,32 +150,113 @@ def _dumps(value: Any) -> bytes:
     return (json.dumps(value, indent=1) + "\n").encode()
 
 
+def _read_json(url: str) -> dict[str, Any]:
+    """A small JSON object's content; ``{}`` when it is absent or not a JSON object."""
+    try:
+        value = json.loads(read_object(url))
+    except (FileNotFoundError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _list_level(prefix: ObjectURL) -> dict[str, dict[str, Any]]:
+    """What is directly in ``prefix``, by name: objects, and sub-prefixes (``type``
+    ``'directory'``): one LIST with a delimiter, not the objects below them."""
+    fs, path = filesystem(prefix)
+    fs.invalidate_cache(path)
+    try:
+        entries = retried("listing", prefix, fs.ls, path, detail=True)
+    except FileNotFoundError:
+        return {}
+    base = path.rstrip("/") + "/"
+    return {e["name"][len(base) :].rstrip("/"): e for e in entries if e["name"].startswith(base)}
+
+
+def _list_exact(url: ObjectURL) -> list[dict[str, Any]]:
+    """What the store lists for the one object ``url`` (as a listing of its prefix shows it)."""
+    fs, path = filesystem(url)
+    fs.invalidate_cache(path)
+    try:
+        return [e for e in retried("listing", url, fs.ls, path, detail=True) if e["name"] == path]
+    except FileNotFoundError:
+        return []
+
+
+def _same(info: dict[str, Any] | None, entry: dict[str, Any]) -> bool:
+    """Whether a listed object is the one a manifest's ``entry`` records (its size, and its
+    ETag where the manifest pinned one)."""
+    if info is None or info.get("size") != entry.get("size"):
+        return False
+    return "etag" not in entry or etag(info) == entry["etag"]
+
+
 class Listing:
-    """The objects under a prefix (one listing), read as checkpoints: names directly in the
-    prefix, each a single object or a "directory" of objects."""
+    """A prefix read as checkpoints: what is directly in it (one listing), each name a single
+    object or a "directory" of objects; manifests and objects read only when asked (see the
+    module docstring)."""
 
     def __init__(self, prefix: ObjectURL) -> None:
         self.prefix = prefix
-        self.objects = list_objects(prefix)
-        self.names = {rel.split("/", 1)[0] for rel in self.objects}
+        self.entries = _list_level(prefix)
+        self.names = set(self.entries)
+        self._manifests: dict[str, tuple[str, dict[str, Any]] | None] = {}
+        self._contents: dict[str, dict[str, Any]] = {}
+        self._committed: dict[str, bool] = {}
 
     def exists(self, name: str) -> bool:
         return name in self.names
 
-    def committed(self, name: str) -> bool:
-        """Whether ``name`` has its manifest (written last by the commit, whole or not at
-        all)."""
-        return f"{name}/{MANIFEST}" in self.objects or f"{name}{SIDECAR_SUFFIX}" in self.objects
+    def _is_dir(self, name: str) -> bool:
+        return self.entries.get(name, {}).get("type") == "directory"
+
+    def _manifest_info(self, name: str) -> tuple[str, dict[str, Any]] | None:
+        if name not in self._manifests:
+            sidecar = f"{name}{SIDECAR_SUFFIX}"
+            found = None
+            if self._is_dir(name):
+                info = object_info(self.prefix / name / MANIFEST)
+                found = None if info is None else (f"{name}/{MANIFEST}", info)
+            elif sidecar in self.entries:
+                found = (sidecar, self.entries[sidecar])
+            self._manifests[name] = found
+        return self._manifests[name]
 
     def manifest(self, name: str) -> str | None:
-        for rel in (f"{name}/{MANIFEST}", f"{name}{SIDECAR_SUFFIX}"):
-            if rel in self.objects:
-                return rel
-        return None
+        """The manifest of ``name`` (relative to the prefix), if it has one."""
+        found = self._manifest_info(name)
+        return None if found is None else found[0]
+
+    def contents(self, name: str) -> dict[str, Any]:
+        """The manifest of ``name``, read (``{}`` when it has none or it is unreadable)."""
+        if name not in self._contents:
+            rel = self.manifest(name)
+            self._contents[name] = {} if rel is None else _read_json(self.prefix / rel)
+        return self._contents[name]
+
+    def committed(self, name: str) -> bool:
+        """Whether ``name`` is committed: its manifest is there and so is every object it
+        names, with the size and the version (ETag) it records."""
+        if name not in self._committed:
+            files = self.contents(name).get("files")
+            if not isinstance(files, dict) or not files:
+                self._committed[name] = False
+            else:
+                if self._is_dir(name):
+                    found = list_objects(self.prefix / name)
+                else:
+                    found = {name: self.entries[name]} if name in self.entries else {}
+                self._committed[name] = all(
+                    isinstance(entry, dict) and _same(found.get(rel), entry)
+                    for rel, entry in files.items()
+                )
+        return self._committed[name]
 
     def objects_of(self, name: str) -> list[str]:
         """The objects of the checkpoint ``name``, its manifest last."""
-        found = [rel for rel in self.objects if rel == name or rel.startswith(name + "/")]
+        if self._is_dir(name):
+            found = [f"{name}/{rel}" for rel in list_objects(self.prefix / name)]
+        else:
+            found = [name] if name in self.entries else []
         manifest = self.manifest(name)
         found = [rel for rel in found if rel != manifest]
         return found + ([manifest] if manifest is not None else [])
@@ -142,63 +265,63 @@ class Listing:
         """The checkpoints that a marker names (saves or deletions in progress)."""
         return sorted(
             rel[1 : -len(STAGING_SUFFIX)]
-            for rel in self.objects
-            if rel.startswith(".") and rel.endswith(STAGING_SUFFIX) and "/" not in rel
+            for rel in self.names
+            if rel.startswith(".") and rel.endswith(STAGING_SUFFIX)
         )
 
-    def checkpoints(self) -> list[str]:
-        """The committed checkpoints directly in the prefix."""
-        return sorted(
-            name
-            for name in self.names
-            if not name.startswith(".") and not name.endswith(".json") and self.committed(name)
-        )
-
-    def newest(self, names: Sequence[str] | None = None) -> list[tuple[ObjectURL, dict]]:
-        """The committed checkpoints (of ``names``), oldest commit first, with their manifest
-        (read for the ones committed within two seconds of the newest, whose order the
-        store's clock cannot tell apart: the manifest's sequence number does)."""
-        names = self.checkpoints() if names is None else list(names)
-        times = {n: modified(self.objects[self.manifest(n) or n]) for n in names}
+    def _candidates(self) -> list[str]:
+        """The names with a manifest, oldest commit first (for the ones committed within two
+        seconds of the newest, whose order the store's clock cannot tell apart, by the
+        manifest's sequence number)."""
+        names = [
+            n
+            for n in self.names
+            if not n.startswith(".") and not n.endswith(".json") and self.manifest(n)
+        ]
+        times = {n: modified(self._manifest_info(n)[1]) for n in names}  # type: ignore[index]
         latest = max(times.values(), default=0.0)
-        manifests: dict[str, dict] = {}
-        for name in names:
-            if times[name] >= latest - 2.0:
-                try:
-                    manifests[name] = json.loads(read_object(self.prefix / self.manifest(name)))
-                except (FileNotFoundError, ValueError):
-                    manifests[name] = {}
-        order = sorted(
-            names,
-            key=lambda n: (
-                times[n] >= latest - 2.0,
-                int(manifests.get(n, {}).get("sequence") or 0),
-                times[n],
-                n,
-            ),
-        )
-        return [(self.prefix / n, manifests.get(n, {})) for n in order]
+
+        def order(n: str) -> tuple:
+            close = times[n] >= latest - 2.0
+            sequence = int(self.contents(n).get("sequence") or 0) if close else 0
+            return (close, sequence, times[n], n)
+
+        return sorted(names, key=order)
+
+    def newest(self) -> list[tuple[ObjectURL, dict]]:
+        """Every committed checkpoint, oldest commit first, with its manifest (each one's
+        objects checked: for the few callers that want them all; see :meth:`last`)."""
+        return [
+            (self.prefix / n, self.contents(n)) for n in self._candidates() if self.committed(n)
+        ]
+
+    def last(self) -> str | None:
+        """The name of the newest committed checkpoint (only candidates from the newest back
+        to it are checked), or None."""
+        return next((n for n in reversed(self._candidates()) if self.committed(n)), None)
 
 
 # ----------------------------------------------------------------------------- run claims
 class PrefixClaimedError(CheckpointError):
-    """Another run writes this prefix: the save is refused (on every rank), before anything
-    is uploaded. Bad input of the run (``shardwise train``: one line, exit code 2)."""
+    """Another run writes this prefix, or the store cannot keep runs apart: the save is
+    refused (on every rank), before anything is uploaded. Bad input of the run (``shardwise
+    train``: one line, exit code 2)."""
 
 
 class RunClaims:
     """The prefixes this run writes (one per :class:`~.checkpointer.Checkpointer`; rank 0's
-    counts): which it claimed, which checkpoints it resumed from, its last sequence number.
-    See the module docstring."""
+    counts): the claim id it wrote in each, which checkpoints it resumed from, its last
+    sequence number. See the module docstring."""
 
     def __init__(self, label: str = "") -> None:
         self.run = uuid.uuid4().hex[:16]
         #: How a person finds this run (the strategy gives its log folder).
         self.label = label
-        self._owned: dict[str, str] = {}  # prefix -> the ETag of the claim this run wrote
-        self._resumed: set[str] = set()
+        self._owned: dict[str, str] = {}  # prefix -> the id of the claim this run wrote
+        self._resumed: dict[str, bool] = {}  # checkpoint URL -> it was the newest then
         self._sequence: dict[str, int] = {}
         self._continued: set[str] = set()  # the runs this one resumed from, by id
+        self._unconditional: set[str] = set()  # prefixes on stores without conditional writes
 
     def manifest_entry(self) -> dict[str, Any]:
         """The ``run`` a local checkpoint's manifest records: who committed it."""
@@ -209,10 +332,12 @@ class RunClaims:
 
     def resumed_from(self, checkpoint: str | os.PathLike[str]) -> None:
         """This run resumed from ``checkpoint``: it may take over the prefix whose newest
-        checkpoint that is, and it continues the run that committed it (which
+        checkpoint that is (or roll it back to it, when it was not the newest: see the
+        module docstring), and it continues the run that committed it (which
         :meth:`another_runs` then does not count as another)."""
         if is_url(checkpoint):
-            self._resumed.add(str(location(checkpoint)))
+            url = ObjectURL(str(location(checkpoint)))
+            self._resumed[str(url)] = Listing(url.parent).last() == url.name
             return
         previous = _run_of(checkpoint)
         if previous is not None and previous.get("id"):
@@ -227,49 +352,124 @@ class RunClaims:
             return None
         return previous
 
-    def _record(self) -> bytes:
-        return _dumps(
+    def owns(self, prefix: str) -> bool:
+        """Whether this run holds the claim on ``prefix`` now (the owner object carries the
+        id it wrote)."""
+        mine = self._owned.get(str(prefix))
+        return mine is not None and _read_json(ObjectURL(prefix) / OWNER).get("claim") == mine
+
+    def claim(self, final: ObjectURL, listing: Listing) -> None:
+        """Make sure this run owns ``final``'s prefix, claiming it on the first save (rank
+        0). Raises PrefixClaimedError when another run writes there."""
+        prefix = final.parent
+        owner = prefix / OWNER
+        if str(prefix) in self._owned:
+            if not self.owns(prefix):
+                raise self._refusal(final, owner, "took it over since this run's last save")
+            return
+        self._probe(prefix)
+        info = object_info(owner)
+        last = listing.last()
+        if info is not None and last is not None:
+            self._may_take_over(final, owner, listing, last)
+        token = uuid.uuid4().hex
+        record = _dumps(
             dict(
                 run=self.run,
+                claim=token,
                 host=socket.gethostname(),
                 pid=os.getpid(),
                 since=time.strftime("%Y-%m-%d %H:%M:%S"),
             )
         )
-
-    def claim(self, final: ObjectURL, listing: Listing) -> None:
-        """Make sure this run may write ``final``'s prefix, claiming it on the first save
-        (rank 0). Raises CheckpointError when another run writes there."""
-        prefix = final.parent
-        owner = prefix / OWNER
-        info = object_info(owner)
-        if str(prefix) in self._owned:
-            if info is not None and etag(info) == self._owned[str(prefix)]:
-                return
-            raise self._refusal(final, owner, "took it over since this run's last save")
-        newest = listing.newest()
-        if info is not None:
-            resumed = newest and str(newest[-1][0]) in self._resumed
-            if newest and not resumed:
-                raise self._refusal(final, owner, "has committed checkpoints there", newest)
         try:
-            if info is None:
-                write_object(owner, self._record(), if_absent=True)
+            if str(prefix) in self._unconditional:
+                write_object(owner, record)
+            elif info is None:
+                write_object(owner, record, if_absent=True)
             else:
-                write_object(owner, self._record(), if_match=etag(info))
-        except FileExistsError:
-            raise self._refusal(final, owner, "claimed it a moment ago") from None
-        mine = object_info(owner)
-        self._owned[str(prefix)] = etag(mine) if mine is not None else ""
-        if newest:
-            self._sequence[str(prefix)] = int(newest[-1][1].get("sequence") or 0)
+                write_object(owner, record, if_match=etag(info))
+        except FileExistsError:  # someone else's write, or ours whose response was lost
+            if _read_json(owner).get("claim") != token:
+                raise self._refusal(final, owner, "claimed it a moment ago") from None
+        self._owned[str(prefix)] = token
+        if last is not None:
+            self._sequence[str(prefix)] = int(listing.contents(last).get("sequence") or 0)
+
+    def _may_take_over(
+        self, final: ObjectURL, owner: ObjectURL, listing: Listing, last: str
+    ) -> None:
+        """Refuse to take over a prefix with committed checkpoints unless this run continues
+        its newest or rolls it back to one it resumed from; a rollback is logged."""
+        prefix = final.parent
+        resumed = {
+            ObjectURL(u).name: newest
+            for u, newest in self._resumed.items()
+            if ObjectURL(u).parent == prefix
+        }
+        if last in resumed:
+            return
+        back = [n for n, newest in resumed.items() if not newest and listing.committed(n)]
+        if not back:
+            newest = [(prefix / last, {})]
+            raise self._refusal(final, owner, "has committed checkpoints there", newest)
+        newer = [n for n in listing._candidates() if listing.committed(n)]
+        newer = newer[newer.index(back[0]) + 1 :]
+        logger.warning(
+            "Rolling %s back to %s: this run takes the prefix over from %s; the newer "
+            "checkpoints %s are kept (this run's saves are newer from its first one on, a "
+            "save of the same name replaces one; delete the others when they are not wanted)",
+            prefix,
+            back[0],
+            _who(owner),
+            ", ".join(newer),
+        )
+
+    def _probe(self, prefix: ObjectURL) -> None:
+        """Refuse a store that ignores conditional writes (see the module docstring)."""
+        probe = prefix / f".shardwise-probe-{uuid.uuid4().hex[:12]}"
+        try:
+            write_object(probe, b"", if_absent=True)
+            try:
+                write_object(probe, b"", if_absent=True)
+                why = "a second write only-if-absent of one object succeeded"
+            except FileExistsError:
+                return
+        except (OSError, NotImplementedError, ValueError) as exc:
+            why = f"a write only-if-absent failed ({describe_error(exc)})"
+        finally:
+            delete_objects([probe])
+        if os.environ.get(SINGLE_WRITER_ENV) == "1":
+            self._unconditional.add(str(prefix))
+            logger.warning(
+                "The store of %s ignores conditional writes (%s); %s=1: saving as the one run "
+                "writing there, which nothing checks",
+                prefix,
+                why,
+                SINGLE_WRITER_ENV,
+            )
+            return
+        raise PrefixClaimedError(
+            f"refusing to save to {prefix}: the store ignores conditional writes "
+            f"(If-None-Match: *; {why}), which keep two runs from writing one prefix; use a "
+            f"store that honours them (AWS S3, a recent MinIO), or set {SINGLE_WRITER_ENV}=1 "
+            "if you make sure only one run writes there"
+        )
+
+    def claim_id(self, final: ObjectURL) -> str | None:
+        """The id of the claim this run wrote on ``final``'s prefix (None: none)."""
+        return self._owned.get(str(final.parent))
+
+    def unconditional(self, final: ObjectURL) -> bool:
+        """Whether ``final``'s store ignores conditional writes (``SHARDWISE_SINGLE_WRITER``)."""
+        return str(final.parent) in self._unconditional
 
     def confirm(self, final: ObjectURL) -> None:
-        """Before committing: the claim on ``final``'s prefix is still this run's."""
-        owner = final.parent / OWNER
-        info = object_info(owner)
-        if info is None or etag(info) != self._owned.get(str(final.parent)):
-            raise self._refusal(final, owner, "took it over while this checkpoint was written")
+        """Before acting as the owner: the claim on ``final``'s prefix is still this run's."""
+        if not self.owns(final.parent):
+            raise self._refusal(
+                final, final.parent / OWNER, "took it over while this checkpoint was written"
+            )
 
     def next_sequence(self, final: ObjectURL) -> int:
         """The sequence number of the next commit under ``final``'s prefix: the time in
@@ -282,18 +482,21 @@ class RunClaims:
     def _refusal(
         self, final: ObjectURL, owner: ObjectURL, did: str, newest: Any = None
     ) -> PrefixClaimedError:
-        try:
-            who = json.loads(read_object(owner))
-            other = f"run {who.get('run')} (host {who.get('host')}, pid {who.get('pid')})"
-        except (FileNotFoundError, ValueError, CheckpointError):
-            other = "another run"
         hint = f" (its newest: {newest[-1][0]})" if newest else ""
         return PrefixClaimedError(
-            f"refusing to save {final}: {other} writes {final.parent} and {did}{hint}; two "
-            "runs writing one prefix would mix their checkpoints. Save to another work_dir, "
-            "resume from the newest checkpoint there (resume=True, --resume) to continue "
-            f"that run, or delete {owner} to start over there"
+            f"refusing to save {final}: {_who(owner)} writes {final.parent} and {did}{hint}; "
+            "two runs writing one prefix would mix their checkpoints. Save to another "
+            "work_dir, resume from the newest checkpoint there (resume=True, --resume) to "
+            "continue that run, resume from an older one of it to roll it back, or delete "
+            f"{owner} to start over there"
         )
+
+
+def _who(owner: ObjectURL) -> str:
+    who = _read_json(owner)
+    if not who:
+        return "another run"
+    return f"run {who.get('run')} (host {who.get('host')}, pid {who.get('pid')})"
 
 
 # ----------------------------------------------------------------------------- the commit
@@ -415,6 +618,7 @@ class ObjectCommit:
                     self._commit(merged)
             except Exception as exc:  # noqa: BLE001 - every rank learns of it below
                 commit_error = exc
+                self._discard()
         committing = f"committing {self.final}"
         message = None if commit_error is None else describe_error(commit_error)
         commit_errors = gather_outcomes(message, self.group, committing)
@@ -428,15 +632,18 @@ class ObjectCommit:
         listing = Listing(self.final.parent)
         self.claims.claim(self.final, listing)
         name = self.final.name
-        if listing.exists(name) and not listing.committed(name) and name not in listing.markers():
+        known = listing.manifest(name) is not None or name in listing.markers()
+        if listing.exists(name) and not known:
             raise CheckpointError(
                 f"refusing to save to {self.final}: objects are there that are not a committed "
                 "shardwise checkpoint (no manifest, and no save of shardwise left them), and "
                 "saving would replace them. Save under another name or delete them"
             )
+        self.claims.confirm(self.final)
         clean_leftovers_at(listing)
-        write_object(_marker(self.final), _dumps(dict(run=self.claims.run, what="save")))
-        if listing.committed(name):  # an overwrite: the old one stops being committed first
+        marker = dict(run=self.claims.run, claim=self.claims.claim_id(self.final), what="save")
+        write_object(_marker(self.final), _dumps(marker))
+        if listing.manifest(name) is not None:  # an overwrite: decommitted first
             _delete(listing.prefix, listing.objects_of(name)[::-1])
 
     def _upload(self) -> dict[str, dict[str, Any]]:
@@ -459,25 +666,29 @@ class ObjectCommit:
         return digests
 
     def _commit(self, files: dict[str, dict[str, Any]]) -> None:
-        """Rank 0: the manifest (the commit), ``last_checkpoint``, the marker removed, the
-        retired checkpoints deleted."""
+        """Rank 0: the claim checked, the manifest (the commit), ``last_checkpoint``, the
+        marker removed, the retired checkpoints deleted (while the claim holds)."""
+        files = self._pinned(files)
         self.claims.confirm(self.final)
-        manifest = dict(
-            manifest_version=1,
-            algorithm=ALGORITHM,
-            created=time.strftime("%Y-%m-%d %H:%M:%S"),
-            files=dict(sorted(files.items())),
-            sequence=self.claims.next_sequence(self.final),
-            run=self.claims.run,
-        )
-        target = self.final / MANIFEST if self.is_dir else self.final + SIDECAR_SUFFIX
-        write_object(target, _dumps(manifest))
+        self._write_manifest(files)
+        self._after_commit()
+
+    def _after_commit(self) -> None:
+        """Rank 0, once committed: ``last_checkpoint``, the marker removed, the retired
+        checkpoints deleted while the claim holds."""
         if self.work_dir is not None:
             write_pointer(self.work_dir, self.final)
         delete_objects([_marker(self.final)])
-        for old in self.retire:
-            if old == self.final:
-                continue
+        retire = [old for old in self.retire if old != self.final]
+        if retire and not self.claims.owns(self.final.parent):
+            logger.warning(
+                "Not deleting the outdated checkpoints %s: %s took %s over",
+                ", ".join(retire),
+                _who(self.final.parent / OWNER),
+                self.final.parent,
+            )
+            return
+        for old in retire:
             try:
                 deleted = remove_checkpoint_at(old, run=self.claims.run)
             except (OSError, CheckpointError) as exc:  # committed: do not fail the save
@@ -486,11 +697,62 @@ class ObjectCommit:
                 if deleted:
                     logger.info("Deleted the outdated checkpoint %s (max_keep_ckpts)", old)
 
+    def _pinned(self, files: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """``files`` with each object's ETag as the store lists it now (one listing, before
+        the claim is checked): the manifest pins these versions, so a checkpoint whose objects
+        another save replaced is not committed (:meth:`Listing.committed`)."""
+        if self.is_dir:
+            found = list_objects(self.final)
+        else:
+            exact = _list_exact(self.final)
+            found = {self.final.name: exact[0]} if exact else {}
+        missing = sorted(set(files) - set(found))
+        if missing:
+            raise CheckpointError(f"committing {self.final}: uploaded but gone: {missing[:5]}")
+        return {rel: dict(entry, etag=etag(found[rel])) for rel, entry in files.items()}
+
+    def _write_manifest(self, files: dict[str, dict[str, Any]]) -> None:
+        """The manifest: every object's size and checksum, the sequence number, the run."""
+        manifest = dict(
+            manifest_version=1,
+            algorithm=ALGORITHM,
+            created=time.strftime("%Y-%m-%d %H:%M:%S"),
+            files=dict(sorted(files.items())),
+            sequence=self.claims.next_sequence(self.final),
+            run=self.claims.run,
+        )
+        target = self.final / MANIFEST if self.is_dir else ObjectURL(self.final + SIDECAR_SUFFIX)
+        if self.claims.unconditional(self.final):
+            write_object(target, _dumps(manifest))
+            return
+        for _ in range(3):  # only if absent: a late manifest of an overtaken save loses
+            try:
+                write_object(target, _dumps(manifest), if_absent=True)
+                return
+            except FileExistsError:
+                found = _read_json(target)
+                if (found.get("run"), found.get("sequence")) == (
+                    self.claims.run,
+                    manifest["sequence"],
+                ):
+                    return  # ours, its response lost
+                logger.warning(
+                    "Deleting %s, written by run %s after it lost %s",
+                    target,
+                    found.get("run"),
+                    self.final.parent,
+                )
+                delete_objects([target])
+        raise CheckpointError(f"committing {self.final}: {target} keeps appearing (another run?)")
+
     def _discard(self) -> None:
-        """Rank 0: delete what this save uploaded, then its marker (nothing was committed)."""
+        """Rank 0: delete what this save uploaded, then its marker (nothing was committed),
+        while this run owns the prefix; else the owner's next clean-up does."""
         try:
+            if not self.claims.owns(self.final.parent):
+                return
             listing = Listing(self.final.parent)
-            if not listing.committed(self.final.name):
+            if listing.manifest(self.final.name) is None:
                 _delete(listing.prefix, listing.objects_of(self.final.name))
             delete_objects([_marker(self.final)])
         except (OSError, CheckpointError) as exc:  # the next save cleans up (the marker)
@@ -568,26 +830,40 @@ def _delete(prefix: ObjectURL, names: Sequence[str]) -> None:
 def clean_leftovers_at(listing: Listing) -> list[str]:
     """Delete what interrupted saves and deletions left in a prefix: the checkpoints their
     markers name that are not committed (a save that did not finish), or were being deleted;
-    markers of finished saves; manifests beside a single object that is gone. Returns the
-    checkpoints removed."""
+    markers of finished saves; manifests beside a single object that is gone; incomplete
+    multipart uploads. The caller owns the prefix (claim confirmed just before): a marker of
+    an earlier claim is a save that can no longer commit. Returns the checkpoints removed."""
     removed = []
     for name in listing.markers():
         marker = listing.prefix / f".{name}{STAGING_SUFFIX}"
-        try:
-            what = json.loads(read_object(marker)).get("what")
-        except (FileNotFoundError, ValueError):
-            what = "save"
-        if what == "delete" or not listing.committed(name):
+        if _read_json(marker).get("what", "save") == "delete" or not listing.committed(name):
             _delete(listing.prefix, listing.objects_of(name)[::-1])
             removed.append(name)
         delete_objects([marker])
-    for rel in listing.objects:
-        if "/" not in rel and rel.endswith(SIDECAR_SUFFIX) and not rel.startswith("."):
+    for rel in listing.names:
+        if rel.endswith(SIDECAR_SUFFIX) and not rel.startswith("."):
             base = rel[: -len(SIDECAR_SUFFIX)]
             if base and base not in listing.names:
                 delete_objects([listing.prefix / rel])
                 removed.append(rel)
+    _abort_uploads(listing.prefix)
     return removed
+
+
+def _abort_uploads(prefix: ObjectURL) -> None:
+    """Abort the incomplete multipart uploads under ``prefix`` (killed saves leave them)."""
+    from . import storage
+
+    abort = getattr(storage, "abort_incomplete_uploads", None)
+    if abort is None:
+        return
+    try:
+        aborted = abort(str(prefix))
+    except (OSError, NotImplementedError, CheckpointError) as exc:
+        logger.info("Could not list the incomplete uploads under %s: %s", prefix, exc)
+        return
+    if aborted:
+        logger.info("Aborted %d incomplete uploads under %s", len(aborted), prefix)
 
 
 def remove_checkpoint_at(url: str, run: str = "") -> bool:
@@ -600,7 +876,7 @@ def remove_checkpoint_at(url: str, run: str = "") -> bool:
     if not listing.exists(url.name):
         return False
     if not listing.committed(url.name):
-        logger.warning("Not deleting the outdated checkpoint %s: it has no manifest", url)
+        logger.warning("Not deleting the outdated checkpoint %s: it is not committed", url)
         return False
     write_object(_marker(url), _dumps(dict(run=run, what="delete")))
     _delete(listing.prefix, listing.objects_of(url.name)[::-1])
@@ -648,12 +924,12 @@ def find_last_checkpoint_at(work_dir: str | os.PathLike[str]) -> str | None:
     prefix = pointed.parent if pointed is not None else where
     if not isinstance(prefix, ObjectURL):
         return None
-    newest = Listing(prefix).newest()
-    if not newest:
+    name = Listing(prefix).last()
+    if name is None:
         if pointed is not None:
             logger.warning("%s names %s, which is not committed", LAST_CHECKPOINT, pointed)
         return None
-    last = newest[-1][0]
+    last = prefix / name
     if pointed is not None and pointed != last:
         logger.warning(
             "%s names %s, but the newest committed checkpoint in %s is %s: resuming from it",
