@@ -19,13 +19,13 @@ last:
    then it removes the marker and deletes what retention retires (each one marked, its
    manifest first) while its claim still holds.
 
-**Committed** means: the manifest exists *and* every object it names exists with the size it
-records (:meth:`Listing.committed`). Only committed checkpoints are listed, resumed from
-(:func:`find_last_checkpoint_at`) or counted as the newest. A listing reads one level of the
-prefix (checkpoint names and markers: one LIST with a delimiter), the manifests' times (one
-HEAD per checkpoint directory), and the manifests and objects only of the candidates a caller
-needs (the newest, walking back past incomplete ones): its cost grows with the checkpoints
-kept, not with their objects.
+**Committed** means: the manifest exists *and* every object it names exists with the size and
+the version (ETag) it records (:meth:`Listing.committed`). Only committed checkpoints are
+listed, resumed from (:func:`find_last_checkpoint_at`) or counted as the newest. A listing
+reads one level of the prefix (checkpoint names and markers: one LIST with a delimiter), the
+manifests' times (one HEAD per checkpoint directory), and the manifests and objects only of
+the candidates a caller needs (the newest, walking back past incomplete ones): its cost grows
+with the checkpoints kept, not with their objects.
 
 **Claims.** Two runs must not write one prefix (their checkpoints, ``last_checkpoint`` and
 retention would mix). A run's first save there writes the owner object ``.shardwise-owner.json``
@@ -39,19 +39,27 @@ Invariants, and why they hold:
   there (:meth:`RunClaims.confirm`).
 - *A lost response is not a refusal*: a conditional write whose response was lost is retried
   and answered 412; the run reads the owner object and, finding its own id, holds the claim.
-- *Only committed checkpoints are resumed*: see above. A save overtaken by a takeover either
-  fails its check before the manifest (and deletes what it uploaded while nobody else owns the
-  prefix, else leaves it to the owner's clean-up), or, when its check passed just before the
-  takeover (the window between the GET of the owner object and the manifest PUT; S3 has no
-  write conditional on another object), its manifest may land naming objects the taker's
-  clean-up removed: that checkpoint is not committed, and nothing resumes from it.
-- *No run deletes the in-flight objects of the prefix's owner*: a run deletes leftovers,
-  overwritten checkpoints, retired checkpoints and its own failed save only right after
-  confirming its own claim, and leftovers only of markers whose claim is not the owner's.
+- *Only committed checkpoints are resumed*, and a committed checkpoint is one save's: the
+  manifest pins each object's ETag as listed just before the claim is checked, and is
+  written only if absent (a late manifest of an overtaken save that lands first is deleted by
+  the owner's commit and written again). A save overtaken by a takeover fails its check
+  before the manifest; when its check passed just before the takeover (the window between
+  the GET of the owner object and the manifest PUT: S3 has no write conditional on another
+  object), its manifest may still land, naming objects the taker's clean-up removed or
+  replaced: that checkpoint is not committed, and nothing resumes from it.
+- *No run deletes the owner's save in flight*: a run deletes leftovers (right after
+  confirming its claim, before its own marker), overwritten and retired checkpoints, and
+  its own failed save only while it owns the prefix; the owner's clean-up deletes what the
+  markers of earlier claims name (saves that can no longer commit) and aborts the incomplete
+  multipart uploads under the prefix.
 - *A run takes over only what it continues*: a prefix with no committed checkpoint, one whose
   newest committed checkpoint it resumed from, or (a rollback, below) one of its committed
   checkpoints that the run resumed from explicitly while newer ones were there. Otherwise the
   save is refused, in one line naming the owner.
+- *Known limit*: a run taken over in the middle of an upload's transfer goes on sending its
+  bytes until it checks its claim; they may replace the new owner's objects of the same
+  name before that owner pins them (two runs saving one name at once). The pinned ETags do
+  not see that; ``shardwise ckpt verify`` (checksums) does.
 
 **Rolling a run back.** Resume explicitly from an older checkpoint of the prefix
 (``resume='s3://bucket/run/iter_4.pth'``, ``--resume s3://bucket/run/iter_4.pth``); the first
@@ -103,6 +111,7 @@ from .files import (
 from .manifest import ALGORITHM, MANIFEST, file_checksum, read_manifest
 from .storage import (
     ObjectURL,
+    abort_incomplete_uploads,
     delete_objects,
     etag,
     filesystem,
@@ -731,9 +740,9 @@ class ObjectCommit:
                 return
             except FileExistsError:
                 found = _read_json(target)
-                if (found.get("run"), found.get("sequence")) == (
-                    self.claims.run,
-                    manifest["sequence"],
+                if (
+                    found.get("sequence") == manifest["sequence"]
+                    and found.get("run") == manifest["run"]
                 ):
                     return  # ours, its response lost
                 logger.warning(
@@ -851,14 +860,10 @@ def clean_leftovers_at(listing: Listing) -> list[str]:
 
 
 def _abort_uploads(prefix: ObjectURL) -> None:
-    """Abort the incomplete multipart uploads under ``prefix`` (killed saves leave them)."""
-    from . import storage
-
-    abort = getattr(storage, "abort_incomplete_uploads", None)
-    if abort is None:
-        return
+    """Abort the incomplete multipart uploads under ``prefix`` (killed saves leave them); a
+    store that cannot list them is noted, not an error."""
     try:
-        aborted = abort(str(prefix))
+        aborted = abort_incomplete_uploads(str(prefix))
     except (OSError, NotImplementedError, CheckpointError) as exc:
         logger.info("Could not list the incomplete uploads under %s: %s", prefix, exc)
         return
