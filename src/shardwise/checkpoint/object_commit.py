@@ -191,6 +191,13 @@ def _list_exact(url: ObjectURL) -> list[dict[str, Any]]:
         return []
 
 
+def _fresh_info(url: ObjectURL) -> dict[str, Any] | None:
+    """:func:`~.storage.object_info`, asked of the store (not of a listing fsspec cached)."""
+    fs, path = filesystem(url)
+    fs.invalidate_cache(path)
+    return object_info(url)
+
+
 def _same(info: dict[str, Any] | None, entry: dict[str, Any]) -> bool:
     """Whether a listed object is the one a manifest's ``entry`` records (its size, and its
     ETag where the manifest pinned one)."""
@@ -223,7 +230,7 @@ class Listing:
             sidecar = f"{name}{SIDECAR_SUFFIX}"
             found = None
             if self._is_dir(name):
-                info = object_info(self.prefix / name / MANIFEST)
+                info = _fresh_info(self.prefix / name / MANIFEST)
                 found = None if info is None else (f"{name}/{MANIFEST}", info)
             elif sidecar in self.entries:
                 found = (sidecar, self.entries[sidecar])
@@ -377,7 +384,7 @@ class RunClaims:
                 raise self._refusal(final, owner, "took it over since this run's last save")
             return
         self._probe(prefix)
-        info = object_info(owner)
+        info = _fresh_info(owner)
         last = listing.last()
         if info is not None and last is not None:
             self._may_take_over(final, owner, listing, last)
