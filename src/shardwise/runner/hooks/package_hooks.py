@@ -27,6 +27,7 @@ from typing import Any
 from torch.distributed.fsdp import FSDPModule
 
 from shardwise.integrations import openmmlab
+from shardwise.integrations.openmmlab_compat import is_package_hook
 
 __all__ = ["PackageHookRefused", "adopt", "check"]
 
@@ -42,7 +43,7 @@ def adopt(hook: Any) -> None:
     """Before a package's ``hook`` (an mmengine ``Hook``) runs: shardwise's loops pass its
     ``isinstance`` tests against mmengine's loops of the same name
     (:func:`~shardwise.integrations.openmmlab.pass_as_mmengine_loops`)."""
-    if not openmmlab.from_mmengine(hook):
+    if not is_package_hook(hook):
         return
     from ..loops import EpochBasedTrainLoop, IterBasedTrainLoop, TestLoop, ValLoop
 
@@ -54,7 +55,7 @@ def check(runner: Any, hooks: Iterable[Any]) -> None:
     (:class:`PackageHookRefused`), and warn once, naming them, of package hooks whose
     loop-specific work will be skipped (they test the training loop's class against mmengine's
     and this run's loop is none of them)."""
-    hooks = [hook for hook in hooks if openmmlab.from_mmengine(hook)]
+    hooks = [hook for hook in hooks if is_package_hook(hook)]
     model = getattr(runner, "model", None)
     sharded = model is not None and any(isinstance(m, FSDPModule) for m in model.modules())
     for hook in hooks:
