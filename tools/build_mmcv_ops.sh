@@ -72,7 +72,10 @@ else
   if "$py" -m pip show --quiet mmcv-lite >/dev/null 2>&1; then
     "$py" -m pip uninstall --quiet --yes mmcv-lite
   fi
-  "$py" -m pip install --quiet "$wheel"  # its requirements are mmcv-lite's (mmengine, opencv, ...)
+  # every file again (uninstalling mmcv-lite also takes the files the two share), then mmcv's
+  # requirements where missing (they are mmcv-lite's: mmengine, opencv, ...)
+  "$py" -m pip install --quiet --no-deps --force-reinstall "$wheel"
+  "$py" -m pip install --quiet "$wheel"
 fi
 "$py" - <<'PY'
 import torch
