@@ -82,6 +82,7 @@ def test_every_path_the_section_names_exists():
     named = sorted({m for m in REPO_PATH.findall(section())})
     assert {
         "tools/openmmlab_env.sh",
+        "tools/build_mmcv_ops.sh",
         "examples/openmmlab/make_images.py",
         "examples/openmmlab/resnet18.py",
         "examples/openmmlab/resnet18_fsdp.py",
@@ -101,6 +102,16 @@ def test_make_openmmlab_runs_the_repository_s_script_in_the_venv(tmp_path):
     )
     assert f"PYTHON={tmp_path / 'venv'}/bin/python bash tools/openmmlab_env.sh" in proc.stdout
     assert "-m venv" in proc.stdout  # `make openmmlab` on a fresh clone makes the venv first
+    ops = subprocess.run(
+        ["make", "-n", "mmcv-ops", f"VENV={tmp_path / 'venv'}", "MMCV_CACHE=/cache"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert f"PYTHON={tmp_path / 'venv'}/bin/python bash tools/build_mmcv_ops.sh /cache" in (
+        ops.stdout
+    )
 
 
 def test_make_images_writes_one_folder_per_class_for_custom_dataset(tmp_path):
@@ -259,3 +270,20 @@ def test_the_openmmlab_section_runs_as_written_on_a_fresh_copy(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+    # make mmcv-ops (the section's prose): mmcv 2.1.0 with its compiled ops in place of
+    # mmcv-lite, from the cache where it was built before (else built: up to an hour)
+    ops = subprocess.run(
+        ["make", "mmcv-ops"], cwd=repo, env=env, capture_output=True, text=True, timeout=4200
+    )
+    assert ops.returncode == 0, ops.stdout[-3000:] + ops.stderr[-3000:]
+    check = (
+        "import torch; from mmcv.ops import nms; import mmcv; "
+        "boxes = torch.tensor([[0.0, 0, 10, 10], [1, 1, 10, 10], [20, 20, 30, 30]]); "
+        "_, keep = nms(boxes, torch.tensor([0.9, 0.8, 0.7]), 0.5); "
+        "print(mmcv.__version__, keep.tolist())"
+    )
+    proc = subprocess.run(
+        [".venv/bin/python", "-c", check], cwd=repo, env=env, capture_output=True, text=True
+    )
+    assert proc.stdout.split() == ["2.1.0", "[0,", "2]"], proc.stdout + proc.stderr[-3000:]
