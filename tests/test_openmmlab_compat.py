@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from shardwise.integrations.openmmlab_compat import OpenMMLabCompat, PlainRun, compat_for
 from shardwise.runner.data import ResumableInfiniteSampler, build_dataloader, pseudo_collate
+from shardwise.runner.loops import _EndlessBatches
 from tests.openmmlab_support import (
     REPO,
     Record,
@@ -46,9 +48,10 @@ def blobs(monkeypatch):
     return Blobs(n=24, pipeline=[Pack()])
 
 
-def _loaders(dataset, *, workers: int, persistent: bool, sampler: str = "DefaultSampler"):
-    """shardwise's loader (its own generator) and the oracle: mmengine's Runner's loader of
-    the same config (no generator: torch draws its workers' base seed from the global one)."""
+def _loaders(dataset, compat, *, workers: int, persistent: bool, sampler: str = "DefaultSampler"):
+    """shardwise's loader (its own generator, built by the policy ``compat``) and the oracle:
+    mmengine's Runner's loader of the same config (no generator: torch draws its workers'
+    base seed from the global one)."""
     from mmengine.registry import DATA_SAMPLERS
 
     mine = build_dataloader(
@@ -60,7 +63,7 @@ def _loaders(dataset, *, workers: int, persistent: bool, sampler: str = "Default
             sampler=dict(type=sampler, shuffle=True),
         ),
         seed=0,
-        compat=OpenMMLabCompat(),
+        compat=compat,
     )
     theirs = DataLoader(
         dataset,
@@ -79,16 +82,23 @@ def _rng_after(steps) -> torch.Tensor:
     return torch.get_rng_state()
 
 
+def _one_draw() -> None:
+    torch.empty((), dtype=torch.int64).random_()
+
+
+def _loop(loader, *, iteration_based: bool) -> SimpleNamespace:
+    return SimpleNamespace(dataloader=loader, opens_data_when_built=iteration_based)
+
+
 # ----------------------------------------------------------------------------- the draw points
 
 
-def test_every_training_epoch_draws_as_torch_opens_a_new_iterator(blobs):
-    mine, theirs = _loaders(blobs, workers=0, persistent=False)
-    compat = OpenMMLabCompat()
+def test_every_opening_of_the_loader_draws_as_torch_opens_a_new_iterator(blobs):
+    """Whoever calls ``iter()``: the loops, a package's hook (``PreciseBNHook``), its loop."""
+    mine, theirs = _loaders(blobs, OpenMMLabCompat(), workers=0, persistent=False)
 
     def shardwise_epochs():
-        for epoch in range(3):
-            compat.open_train_epoch(mine, epoch=epoch, skip=0)
+        for _ in range(3):
             next(iter(mine))
 
     def mmengine_epochs():
@@ -101,15 +111,13 @@ def test_every_training_epoch_draws_as_torch_opens_a_new_iterator(blobs):
 def test_persistent_workers_draw_only_when_their_iterator_first_opens(blobs):
     """Two epochs and two validation passes over loaders with one persistent worker: torch
     draws once per loader (``DataLoader.__iter__`` resets the iterator after that)."""
-    mine, theirs = _loaders(blobs, workers=1, persistent=True)
-    mine_val, theirs_val = _loaders(blobs, workers=1, persistent=True)
     compat = OpenMMLabCompat()
+    mine, theirs = _loaders(blobs, compat, workers=1, persistent=True)
+    mine_val, theirs_val = _loaders(blobs, compat, workers=1, persistent=True)
 
     def shardwise_run():
-        for epoch in range(2):
-            compat.open_train_epoch(mine, epoch=epoch, skip=0)
+        for _ in range(2):
             list(mine)
-            compat.open_eval_pass(mine_val)
             list(mine_val)
 
     def mmengine_run():
@@ -119,101 +127,98 @@ def test_persistent_workers_draw_only_when_their_iterator_first_opens(blobs):
 
     expected = _rng_after(mmengine_run)
     assert torch.equal(_rng_after(shardwise_run), expected)
-    torch.manual_seed(123)
-    torch.empty((), dtype=torch.int64).random_()
-    torch.empty((), dtype=torch.int64).random_()
-    assert torch.equal(torch.get_rng_state(), expected)  # two draws in all
+    assert torch.equal(_rng_after(lambda: (_one_draw(), _one_draw())), expected)  # two in all
 
 
 def test_a_resumed_run_continues_the_draws_of_persistent_workers(blobs):
     """A run resumed at epoch 1 had opened both loaders before its checkpoint: no draw;
     the validation pass due at the checkpoint draws only if it was the loader's first."""
-    mine, _ = _loaders(blobs, workers=1, persistent=True)
-    mine_val, _ = _loaders(blobs, workers=1, persistent=True)
     compat = OpenMMLabCompat()
+    mine, _ = _loaders(blobs, compat, workers=1, persistent=True)
+    mine_val, _ = _loaders(blobs, compat, workers=1, persistent=True)
     torch.manual_seed(0)
     before = torch.get_rng_state()
-    compat.open_train_epoch(mine, epoch=1, skip=0)
+    compat.resume_train(_loop(mine, iteration_based=False), epoch=1, skip=0)
     compat.resume_eval_passes(mine_val, opened_before=True, replay=True)
-    compat.open_eval_pass(mine_val)
+    list(mine)
+    list(mine_val)
     assert torch.equal(torch.get_rng_state(), before)
     fresh = OpenMMLabCompat()
-    fresh.resume_eval_passes(mine_val, opened_before=False, replay=True)  # its first pass
+    fresh_val, _ = _loaders(blobs, fresh, workers=1, persistent=True)
+    fresh.resume_eval_passes(fresh_val, opened_before=False, replay=True)  # its first pass
     assert not torch.equal(torch.get_rng_state(), before)
 
 
-def test_an_infinite_sampler_s_iterator_is_never_reopened(blobs):
-    """mmengine's ``IterBasedTrainLoop`` over ``InfiniteSampler``: one draw when the loop is
-    built, none at later data epochs (its ``_InfiniteDataloaderIterator`` never sees
-    ``StopIteration``)."""
+def test_a_run_resumed_mid_epoch_draws_from_its_next_opening_on(blobs):
+    """The resumed epoch's iterator drew before the checkpoint; the next epoch's draws."""
+    compat = OpenMMLabCompat()
+    mine, _ = _loaders(blobs, compat, workers=0, persistent=False)
+    compat.resume_train(_loop(mine, iteration_based=False), epoch=1, skip=3)
+    after = _rng_after(lambda: (next(iter(mine)), next(iter(mine))))
+    assert torch.equal(after, _rng_after(_one_draw))
+
+
+def _iteration_based(compat, mine, steps: int) -> None:
+    """shardwise's iteration-based loop over ``mine``: built (the policy's first draw), then
+    ``steps`` batches."""
+    compat.model_to_prepare(dict(type="M"), _loop(mine, iteration_based=True), lambda cfg: "m")
+    batches = _EndlessBatches(mine, 0, 0)
+    for _ in range(steps):
+        next(batches)
+
+
+def _mmengine_iteration_based(theirs, steps: int) -> None:
     from mmengine.runner.loops import _InfiniteDataloaderIterator
 
-    mine, theirs = _loaders(blobs, workers=0, persistent=False, sampler="InfiniteSampler")
+    batches = _InfiniteDataloaderIterator(theirs)
+    for _ in range(steps):
+        next(batches)
+
+
+@pytest.mark.parametrize("sampler", ["InfiniteSampler", "DefaultSampler"])
+def test_the_iteration_based_loop_draws_as_mmengine_s_endless_iterator(blobs, sampler):
+    """mmengine's ``IterBasedTrainLoop``: one draw when the loop is built; over
+    ``InfiniteSampler`` none at later data epochs (its ``_InfiniteDataloaderIterator`` never
+    sees ``StopIteration``), over a sampler that ends one at every new data epoch."""
     compat = OpenMMLabCompat()
-
-    class Loop:
-        opens_data_when_built = True
-        dataloader = mine
-
-    def shardwise_run():
-        compat.model_to_prepare(dict(type="TinyClassifier"), Loop, lambda cfg: "built")
-        batches = iter(mine)
-        for batch in range(14):  # 6 batches a data epoch
-            next(batches)
-            if batch in (5, 11):
-                compat.reopen_endless(mine)  # asked; mmengine's iterator never reopens
-
-    def mmengine_run():
-        batches = _InfiniteDataloaderIterator(theirs)
-        for _ in range(14):
-            next(batches)
-
-    assert torch.equal(_rng_after(shardwise_run), _rng_after(mmengine_run))
-
-
-def test_an_ending_iterator_reopens_with_a_draw_between_data_epochs(blobs):
-    """mmengine's ``_InfiniteDataloaderIterator`` over a sampler that ends: ``iter()`` again
-    at every new data epoch, one draw each."""
-    mine, _ = _loaders(blobs, workers=0, persistent=False)
-    compat = OpenMMLabCompat()
+    mine, theirs = _loaders(blobs, compat, workers=0, persistent=False, sampler=sampler)
     assert torch.equal(
-        _rng_after(lambda: compat.reopen_endless(mine)),
-        _rng_after(lambda: torch.empty((), dtype=torch.int64).random_()),
+        _rng_after(lambda: _iteration_based(compat, mine, 14)),  # 6 batches a data epoch
+        _rng_after(lambda: _mmengine_iteration_based(theirs, 14)),
     )
 
 
 def test_the_iteration_based_first_draw_comes_between_building_and_init_weights(blobs):
-    mine, _ = _loaders(blobs, workers=0, persistent=False)
+    compat = OpenMMLabCompat()
+    mine, _ = _loaders(blobs, compat, workers=0, persistent=False)
     order = []
-
-    class Loop:
-        opens_data_when_built = True
-        dataloader = mine
 
     def build(cfg):
         order.append(("built", torch.get_rng_state()))
         return "model"
 
     torch.manual_seed(0)
-    assert OpenMMLabCompat().model_to_prepare(dict(type="M"), Loop, build) == "model"
+    loop = _loop(mine, iteration_based=True)
+    assert compat.model_to_prepare(dict(type="M"), loop, build) == "model"
     assert not torch.equal(order[0][1], torch.get_rng_state())  # the draw after the build
-    Loop.opens_data_when_built = False  # an epoch-based loop: the config goes to prepare
-    assert OpenMMLabCompat().model_to_prepare(dict(type="M"), Loop, build) == dict(type="M")
+    loop = _loop(mine, iteration_based=False)  # an epoch-based loop: the config goes to prepare
+    assert compat.model_to_prepare(dict(type="M"), loop, build) == dict(type="M")
 
 
 def test_the_plain_policy_draws_nothing_and_is_chosen_without_a_package_scope(blobs):
-    mine, _ = _loaders(blobs, workers=0, persistent=False)
     plain = PlainRun()
+    mine, _ = _loaders(blobs, plain, workers=0, persistent=False)
     before = _rng_after(lambda: None)
     after = _rng_after(
         lambda: (
-            plain.open_train_epoch(mine, epoch=0, skip=0),
-            plain.reopen_endless(mine),
-            plain.open_eval_pass(mine),
+            iter(mine),  # the draw of torch's (from the loader's generator) is made here
+            plain.resume_train(_loop(mine, iteration_based=True), epoch=1, skip=0),
             plain.resume_eval_passes(mine, opened_before=False, replay=True),
+            iter(mine),
         )
     )
     assert torch.equal(before, after)
+    assert type(mine) is DataLoader
     assert isinstance(compat_for("mmpretrain"), OpenMMLabCompat)
 
 

@@ -8,21 +8,28 @@ mmengine's it is handed (an OpenMMLab package's dataset, metrics, visualizer, op
 wrapper constructor, scheduler), and as :class:`PlainRun` for the rest.
 
 The random draws. mmengine's Runner builds its DataLoaders without a generator of their own, so
-each DataLoader iterator it opens draws one int64 from torch's default generator (the workers'
-base seed: torch 2.x ``torch/utils/data/dataloader.py``, ``_BaseDataLoaderIter.__init__``:
+each DataLoader iterator opened under it draws one int64 from torch's default generator (the
+workers' base seed: torch 2.x ``torch/utils/data/dataloader.py``, ``_BaseDataLoaderIter.__init__``:
 ``self._base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator)``),
 the generator that also seeds the model's ``init_weights`` and its dropout. Except where torch
 reuses the iterator: ``DataLoader.__iter__`` with ``persistent_workers=True`` and
 ``num_workers > 0`` opens one iterator on the first ``iter()`` and later ``_reset``\\ s it,
 which draws nothing (for a map-style dataset). shardwise's loaders have their own generator
-(which keeps a resumed run's draws those of the run it continues), so the policy makes each of
-those draws itself, at the point mmengine's loops open an iterator; each draw point below names
-the line of ``mmengine/runner/loops.py`` (0.10.7) it mirrors.
+(which keeps a resumed run's draws those of the run it continues), so for a dataset of
+mmengine's the policy builds the loader (:meth:`OpenMMLabCompat.dataloader`) and the loader
+reports each ``iter()`` to the policy, which draws as torch would, whoever opens it: the loops,
+a package's hook (mmpretrain's ``PreciseBNHook``), a package's own loop. Two draw points stand
+apart, named against the line of ``mmengine/runner/loops.py`` (0.10.7) they mirror: the
+iteration-based loop's first draw, made when mmengine builds the loop
+(:meth:`~OpenMMLabCompat.model_to_prepare`), and a resumed run's draws, made or left out as the
+run it continues made them before its checkpoint (:meth:`~OpenMMLabCompat.resume_train`,
+:meth:`~OpenMMLabCompat.resume_eval_passes`).
 
 Example::
 
     compat = compat_for('mmpretrain')          # OpenMMLabCompat; compat_for(None): PlainRun
-    compat.open_train_epoch(loader, epoch=0, skip=0)   # mmengine's run_epoch's enumerate()
+    loader = compat.dataloader(dataset, batch_size=4, generator=torch.Generator())
+    iter(loader)      # for a dataset of mmengine's: one int64 drawn from torch's generator
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from . import openmmlab
 
@@ -68,6 +76,10 @@ class PlainRun:
         ``scope``, or None: the name is shardwise's (``FUNCTIONS``)."""
         return None
 
+    def dataloader(self, dataset: Any, **kwargs: Any) -> DataLoader:
+        """The ``DataLoader`` over ``dataset`` (``kwargs``: torch's keywords): torch's."""
+        return DataLoader(dataset, **kwargs)
+
     def worker_init_fn(self, dataset: Any, default: Callable, **seeding: int) -> Callable:
         """The loader's ``worker_init_fn``; ``seeding``: ``num_workers``, ``rank``, ``seed``."""
         return default
@@ -95,15 +107,9 @@ class PlainRun:
         is (its config is built, then initialised, there)."""
         return model
 
-    def open_train_epoch(self, loader: Any, *, epoch: int, skip: int) -> None:
-        """An epoch-based loop starts data epoch ``epoch`` after ``skip`` batches."""
-
-    def reopen_endless(self, loader: Any) -> None:
-        """An iteration-based loop opens ``loader`` again for its next data epoch (or resumes
-        at the start of one)."""
-
-    def open_eval_pass(self, loader: Any) -> None:
-        """A validation or test pass opens ``loader``."""
+    def resume_train(self, loop: Any, *, epoch: int, skip: int) -> None:
+        """A resumed training ``loop`` continues at data epoch ``epoch`` after ``skip``
+        batches of it."""
 
     def resume_eval_passes(self, loader: Any, *, opened_before: bool, replay: bool) -> None:
         """A resumed run: the passes of the run it continues opened ``loader``
@@ -118,7 +124,10 @@ class OpenMMLabCompat(PlainRun):
     name = "openmmlab"
 
     def __init__(self) -> None:
+        self._reporting: weakref.WeakSet[Any] = weakref.WeakSet()  # loaders it built
         self._opened: weakref.WeakSet[Any] = weakref.WeakSet()  # loaders with an iterator
+        # loaders whose next opening continues an iterator whose draw is already made
+        self._drawn_ahead: weakref.WeakSet[Any] = weakref.WeakSet()
 
     # ----------------------------------------------------------------- building
     def default_collate(self, dataset: Any) -> str:
@@ -131,6 +140,16 @@ class OpenMMLabCompat(PlainRun):
         if not openmmlab.from_mmengine(dataset) or not isinstance(name, str):
             return None
         return openmmlab.collate_function(name, scope)
+
+    def dataloader(self, dataset: Any, **kwargs: Any) -> DataLoader:
+        """For a dataset of mmengine's, a ``DataLoader`` that reports each ``iter()`` to the
+        policy (:meth:`opened`) before torch opens or reuses its iterator."""
+        if not openmmlab.from_mmengine(dataset):
+            return DataLoader(dataset, **kwargs)
+        loader = _ReportingDataLoader(dataset, **kwargs)
+        loader.report_open = self.opened
+        self._reporting.add(loader)
+        return loader
 
     def worker_init_fn(self, dataset: Any, default: Callable, **seeding: int) -> Callable:
         """mmengine's worker seeding for its datasets (``num_workers * rank + worker_id +
@@ -161,11 +180,27 @@ class OpenMMLabCompat(PlainRun):
 
     # ----------------------------------------------------------------- random draws
     def draws_at_open(self, loader: Any) -> bool:
-        """Over a dataset of mmengine's: mmengine's loader has no generator of its own, so
-        its iterators draw from torch's; shardwise's loader has one (else torch draws from
-        the global generator itself and the policy must not draw twice)."""
-        dataset = getattr(loader, "dataset", None)
-        return openmmlab.from_mmengine(dataset) and getattr(loader, "generator", None) is not None
+        """Over a dataset of mmengine's, a loader the policy built (it reports its openings;
+        a loader handed over as an object draws from its own generator, or from torch's by
+        itself, as under mmengine's Runner)."""
+        return loader in self._reporting
+
+    def opened(self, loader: Any) -> None:
+        """mirrors torch's ``DataLoader.__iter__`` (``_BaseDataLoaderIter.__init__``'s base
+        seed), where mmengine's loops open ``loader`` (``enumerate(self.dataloader)`` in
+        ``EpochBasedTrainLoop.run_epoch``, loops.py:114, ``ValLoop.run``, loops.py:378,
+        ``TestLoop.run``, loops.py:462; ``iter(self._dataloader)`` in
+        ``_InfiniteDataloaderIterator.__next__`` on ``StopIteration``, loops.py:191) and
+        wherever else ``iter()`` is called on it (a package's hook or loop): one int64, unless
+        torch reuses the loader's iterator (persistent workers, after the first ``iter()``),
+        or the opening continues an iterator whose draw is made (:meth:`model_to_prepare`,
+        :meth:`resume_train`). An endless sampler (mmengine's ``InfiniteSampler``) never ends
+        its iterator, so the loops never reopen it."""
+        if loader in self._drawn_ahead:
+            self._drawn_ahead.discard(loader)
+            self._opened.add(loader)
+        else:
+            self._open(loader, opened_before=loader in self._opened)
 
     def model_to_prepare(self, model: Any, loop: Any, build_model: Callable[[Any], Any]) -> Any:
         """mirrors ``IterBasedTrainLoop.__init__`` (loops.py:245,
@@ -174,36 +209,35 @@ class OpenMMLabCompat(PlainRun):
         (runner.py:1728) before ``_init_model_weights`` (runner.py:1748), so the first draw
         comes between the model's construction and its ``init_weights``. For a loop that opens
         its data when built (``opens_data_when_built``): the model built, then the draw; the
-        built model goes to ``prepare``, which initialises it."""
+        built model goes to ``prepare``, which initialises it. The loop's first opening of the
+        loader continues that iterator: it draws nothing (an opening by a hook before the
+        loop's first batch takes its place)."""
         loader = getattr(loop, "dataloader", None)
         opens = getattr(loop, "opens_data_when_built", False)
         if not (opens and isinstance(model, Mapping) and self.draws_at_open(loader)):
             return model
         built = build_model(model)
         self._open(loader)
+        self._drawn_ahead.add(loader)
         return built
 
-    def open_train_epoch(self, loader: Any, *, epoch: int, skip: int) -> None:
-        """mirrors ``EpochBasedTrainLoop.run_epoch``'s ``enumerate(self.dataloader)``
-        (loops.py:114): a draw at every epoch's first batch; with persistent workers only at
-        the first epoch's (torch's ``DataLoader.__iter__`` then resets its one iterator).
-        A resumed epoch (``skip > 0``) drew when it started, before its checkpoint."""
-        if skip == 0:
-            self._open(loader, opened_before=epoch > 0)
-
-    def reopen_endless(self, loader: Any) -> None:
-        """mirrors ``_InfiniteDataloaderIterator.__next__``'s ``iter(self._dataloader)`` on
-        ``StopIteration`` (loops.py:191): a draw at every new data epoch, none with persistent
-        workers, and none with an endless sampler (mmengine's ``InfiniteSampler``: the
-        iterator never ends, so it is never reopened)."""
-        if not _endless(loader):
-            self._open(loader, opened_before=True)
-
-    def open_eval_pass(self, loader: Any) -> None:
-        """mirrors ``ValLoop.run``'s and ``TestLoop.run``'s ``enumerate(self.dataloader)``
-        (loops.py:378, loops.py:462): a draw at every pass; with persistent workers at the
-        loader's first only."""
-        self._open(loader, opened_before=loader in self._opened)
+    def resume_train(self, loop: Any, *, epoch: int, skip: int) -> None:
+        """A resumed run continues the draws of the training loop of the run it continues: the
+        iterator of a data epoch resumed after ``skip > 0`` batches was opened (and drew) before
+        the checkpoint, as was mmengine's ``IterBasedTrainLoop``'s first (loops.py:245) and
+        its only one over an endless sampler; its next opening draws nothing. A loader opened
+        before the checkpoint (any position past the start) reuses its iterator with
+        persistent workers."""
+        loader = loop.dataloader
+        if not self.draws_at_open(loader):
+            return
+        built_open = getattr(loop, "opens_data_when_built", False)
+        if skip > 0 or (built_open and (epoch == 0 or _endless(loader))):
+            self._drawn_ahead.add(loader)
+        else:
+            self._drawn_ahead.discard(loader)
+        if skip > 0 or epoch > 0 or built_open:
+            self._opened.add(loader)
 
     def resume_eval_passes(self, loader: Any, *, opened_before: bool, replay: bool) -> None:
         """A resumed run continues the draws of ``ValLoop.run`` (loops.py:378) of the run it
@@ -225,6 +259,17 @@ class OpenMMLabCompat(PlainRun):
         if not (reused and opened_before):
             torch.empty((), dtype=torch.int64).random_()
         self._opened.add(loader)
+
+
+class _ReportingDataLoader(DataLoader):
+    """torch's ``DataLoader``, reporting each ``iter()`` (``report_open(self)``) before it
+    opens or reuses its iterator."""
+
+    report_open: Callable[[Any], None]
+
+    def __iter__(self) -> Any:
+        self.report_open(self)
+        return super().__iter__()
 
 
 def _endless(loader: Any) -> bool:

@@ -9,7 +9,9 @@ Worker processes are seeded from the seed, the epoch and the rank.
 A dataset of mmengine's (an OpenMMLab package's: ``mmpretrain``'s ``CustomDataset``...) gets the
 loader mmengine's Runner would build for it: ``full_init()`` first, and what the Runner's
 compatibility policy says (:mod:`shardwise.integrations.openmmlab_compat`: mmengine's
-``pseudo_collate`` by default and its ``collate_fn`` names, its worker seeding). mmengine's
+``pseudo_collate`` by default and its ``collate_fn`` names, its worker seeding, and a loader
+that reports each ``iter()`` to the policy, which draws from torch's generator as torch draws
+for mmengine's loader). mmengine's
 ``InfiniteSampler`` is :class:`ResumableInfiniteSampler`: the same endless order, resumable.
 
 Example::
@@ -239,7 +241,7 @@ def build_dataloader(
     ``num_replicas`` and ``rank`` split the data (default: the process group's world and rank).
     ``worker_seed``: the run's seed, which seeds the workers of a dataset of mmengine's as
     mmengine's Runner does (default ``seed``). ``compat``: the Runner's compatibility policy
-    (the collate function and worker seeding of another framework's dataset).
+    (the collate function, worker seeding and loader class of another framework's dataset).
     """
     if isinstance(dataloader, DataLoader):
         return dataloader
@@ -284,7 +286,7 @@ def build_dataloader(
         rank=dist.get_rank(),
         seed=seed if worker_seed is None else worker_seed,
     )
-    return DataLoader(
+    return compat.dataloader(
         dataset,
         sampler=sampler,
         collate_fn=collate_fn,

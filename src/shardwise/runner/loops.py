@@ -7,12 +7,11 @@ exactly the next batch: the data epoch and the number of batches consumed in it 
 from ``iter`` and the epoch length, and the sampler starts there without loading the
 batches before it.
 
-Where mmengine's loops open a DataLoader iterator (a training epoch's first batch, a new data
-epoch of the iteration-based loop, a validation pass), the loops tell the Runner's
+A dataloader built for a dataset of mmengine's reports each of its openings to the Runner's
 compatibility policy (``runner.compat``, :mod:`shardwise.integrations.openmmlab_compat`), which
-makes the draws mmengine's Runner makes there; a resumed run tells it which validation passes
-the run it continues made. The loops hand the dataset's ``metainfo`` to the evaluator and the
-visualizer, as mmengine's loops do.
+makes the draws mmengine's Runner makes there; a resumed run tells it where the run it
+continues stood: the training position and the validation passes made. The loops hand the
+dataset's ``metainfo`` to the evaluator and the visualizer, as mmengine's loops do.
 """
 
 from __future__ import annotations
@@ -121,6 +120,7 @@ class _TrainLoop(BaseLoop):
         the runner's)."""
         self.restore(meta.get("epoch", 0), meta.get("iter", 0), meta.get("epoch_length"))
         set_sampler_seed(self.dataloader, self.runner._data_seed())
+        self.runner.compat.resume_train(self, epoch=self.data_epoch, skip=self._skip)
         self._replay_validation_draw(meta)
         self.runner.logger.info(
             "Continuing at epoch %d, iteration %d (completed, as the checkpoint's meta and "
@@ -227,7 +227,6 @@ class EpochBasedTrainLoop(_TrainLoop):
         runner.call_hook("before_train_epoch")
         runner.model.train()
         skip, self._skip = self._skip, 0
-        runner.compat.open_train_epoch(self.dataloader, epoch=self._epoch, skip=skip)
         batches = start_epoch(self.dataloader, self._epoch, skip_batches=skip)
         for batch_idx, data_batch in enumerate(batches, start=skip):
             self.run_iter(batch_idx, data_batch)
@@ -238,19 +237,12 @@ class EpochBasedTrainLoop(_TrainLoop):
 
 
 class _EndlessBatches:
-    """Batches of data epoch after data epoch, starting at a given position.
+    """Batches of data epoch after data epoch, starting at a given position (a new iterator
+    at each new data epoch)."""
 
-    It tells ``compat`` (the Runner's policy) where mmengine's endless iterator opens a new
-    one: at each new data epoch (the first one's opening came before ``init_weights``, see
-    :meth:`Runner.train`), and at a resumed position that starts a data epoch.
-    """
-
-    def __init__(self, loader, epoch: int, skip: int, compat: Any) -> None:
+    def __init__(self, loader, epoch: int, skip: int) -> None:
         self.loader = loader
         self.epoch = epoch
-        self.compat = compat
-        if epoch > 0 and skip == 0:
-            compat.reopen_endless(loader)
         self._batches: Iterator[Any] = start_epoch(loader, epoch, skip_batches=skip)
 
     def __next__(self) -> Any:
@@ -258,7 +250,6 @@ class _EndlessBatches:
             return next(self._batches)
         except StopIteration:
             self.epoch += 1
-            self.compat.reopen_endless(self.loader)
             self._batches = start_epoch(self.loader, self.epoch)
             return next(self._batches)
 
@@ -291,9 +282,7 @@ class IterBasedTrainLoop(_TrainLoop):
         runner.call_hook("before_train")
         runner.call_hook("before_train_epoch")
         skip, self._skip = self._skip, 0
-        batches = _EndlessBatches(
-            self.dataloader, self._iter // self.epoch_length, skip, runner.compat
-        )
+        batches = _EndlessBatches(self.dataloader, self._iter // self.epoch_length, skip)
         while self._iter < self._max_iters and not self.stop_training:
             runner.model.train()
             data_batch = next(batches)
@@ -325,7 +314,6 @@ class _EvalLoop(BaseLoop):
         runner.call_hook(f"before_{mode}_epoch")
         was_training = runner.model.training
         runner.model.eval()
-        runner.compat.open_eval_pass(self.dataloader)
         for batch_idx, data_batch in enumerate(start_epoch(self.dataloader, 0)):
             self.run_iter(batch_idx, data_batch)
         try:
