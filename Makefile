@@ -36,10 +36,10 @@ $(VENV)/.openmmlab: $(VENV)/.installed tools/openmmlab_env.sh
 # mmcv 2.1.0 with its compiled CPU ops (mmdetection 3.3.0, mmsegmentation 1.2.2, mmpose and mmocr
 # need them; mmcv-lite has none) in place of mmcv-lite: the wheel is built once for this torch and
 # python into MMCV_CACHE, outside the repository (23 CPU-minutes; 54 minutes on 2 busy cores), then
-# installed (seconds).
+# installed (seconds), with mmdetection 3.3.0 and mmsegmentation 1.2.2 (tools/openmmlab_ops_env.sh).
 MMCV_CACHE ?= $(HOME)/.cache/shardwise
-$(VENV)/.mmcv-ops: $(VENV)/.openmmlab tools/build_mmcv_ops.sh
-	PYTHON=$(PY) bash tools/build_mmcv_ops.sh $(MMCV_CACHE)
+$(VENV)/.mmcv-ops: $(VENV)/.openmmlab tools/build_mmcv_ops.sh tools/openmmlab_ops_env.sh
+	MMCV_CACHE=$(MMCV_CACHE) PYTHON=$(PY) bash tools/openmmlab_ops_env.sh
 	touch $@
 
 install: $(VENV)/.installed

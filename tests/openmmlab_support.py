@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -177,26 +178,35 @@ def build_env() -> tuple[Path | None, str]:
     same), or None with the reason it cannot be had here (the children's corpus included)."""
     if not CORPUS.is_dir():
         return None, f"{CORPUS} is not here (the shared corpus; set SHARDWISE_SHARED)"
-    stamp = hashlib.sha256(TOOL.read_bytes()).hexdigest()
-    ready = ENV_DIR / ".ready"
-    ENV_DIR.parent.mkdir(exist_ok=True)
-    with open(ENV_DIR.parent / ".lock", "w") as lock:
+    return build_folder(ENV_DIR, TOOL, what="mmpretrain")
+
+
+def build_folder(
+    folder: Path, tool: Path, *sources: Path, what: str, timeout: float = 900
+) -> tuple[Path | None, str]:
+    """``bash TOOL FOLDER`` once, while the text of ``tool`` and of the ``sources`` it runs
+    is the same (a ``.ready`` stamp), one build at a time; the folder, or None with the reason
+    it could not be built (``what``: what the tool installs, for that reason)."""
+    stamp = hashlib.sha256(b"".join(p.read_bytes() for p in (tool, *sources))).hexdigest()
+    ready = folder / ".ready"
+    folder.parent.mkdir(exist_ok=True)
+    with open(folder.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build, whoever asks first
         if ready.is_file() and ready.read_text() == stamp:
-            return ENV_DIR, ""
-        shutil.rmtree(ENV_DIR, ignore_errors=True)
+            return folder, ""
+        shutil.rmtree(folder, ignore_errors=True)
         proc = subprocess.run(
-            ["bash", str(TOOL), str(ENV_DIR)],
+            ["bash", str(tool), str(folder)],
             env={**os.environ, "PYTHON": sys.executable},
             capture_output=True,
             text=True,
-            timeout=900,
+            timeout=timeout,
         )
         if proc.returncode != 0:
             tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-            return None, f"tools/openmmlab_env.sh could not build mmpretrain here: {tail}"
+            return None, f"tools/{tool.name} could not build {what} here: {tail}"
         ready.write_text(stamp)
-    return ENV_DIR, ""
+    return folder, ""
 
 
 def make_images(root: Path, per_class: int = 12, classes: int = 3, size: int = 32) -> Path:
@@ -240,10 +250,12 @@ def child_config(
     return path
 
 
-def run_env(env_dir: Path) -> dict[str, str]:
-    """The environment of a training subprocess: the OpenMMLab folder and the repository on
-    ``PYTHONPATH`` (for ``tests.openmmlab_hooks``), one thread each."""
-    path = os.pathsep.join([str(env_dir), str(REPO)])
+def run_env(env_dir: Path | Sequence[Path]) -> dict[str, str]:
+    """The environment of a training subprocess: the OpenMMLab folder (or folders, the first
+    first) and the repository on ``PYTHONPATH`` (for ``tests.openmmlab_hooks``), one thread
+    each."""
+    folders = [env_dir] if isinstance(env_dir, Path) else list(env_dir)
+    path = os.pathsep.join([*map(str, folders), str(REPO)])
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
 
 
@@ -257,7 +269,9 @@ Runner.from_cfg(cfg).train()
 """
 
 
-def train_with_mmengine(config: Path, work_dir: Path, env_dir: Path, timeout: float = 600):
+def train_with_mmengine(
+    config: Path, work_dir: Path, env_dir: Path | Sequence[Path], timeout: float = 600
+):
     """mmengine's ``Runner.from_cfg(cfg).train()`` on one process (the oracle)."""
     return subprocess.run(
         [sys.executable, "-c", MMENGINE_TRAIN, str(config), str(work_dir)],
@@ -270,7 +284,7 @@ def train_with_mmengine(config: Path, work_dir: Path, env_dir: Path, timeout: fl
 
 
 def train_with_shardwise(
-    config: Path, work_dir: Path, env_dir: Path, *args: str, timeout: float = 600
+    config: Path, work_dir: Path, env_dir: Path | Sequence[Path], *args: str, timeout: float = 600
 ):
     """``shardwise train CONFIG --work-dir WORK_DIR ARGS``."""
     return subprocess.run(
