@@ -16,6 +16,8 @@ for bit.
 - FCN R-18-D8 (mmseg): label maps of the same rectangles, ``IterBasedTrainLoop`` with
   ``InfiniteSampler`` over more iterations than one pass of the data, validation with
   ``IoUMetric`` at the checkpoints.
+- RetinaNet R-18 with its base's ``AspectRatioBatchSampler`` kept: expected to fail (strict)
+  while shardwise refuses a dataloader's ``batch_sampler``.
 """
 
 from __future__ import annotations
@@ -156,9 +158,29 @@ class Case:
     resumed_at: int
 
 
+#: The RetinaNet child with the base's training loader kept: its ``AspectRatioBatchSampler``
+#: (every mmdet dataset config of the corpus's kind sets one) groups the images by aspect ratio.
+RETINANET_ASPECT_RATIO_BATCHES = (
+    RETINANET.replace("_delete_=True, batch_size=2", "batch_size=2")
+    .replace("    sampler=dict(type='DefaultSampler', shuffle=True),\n", "")
+    .replace("is left out (_delete_): shardwise builds no batch_sampler", "is kept")
+)
+
 CASES = {
     "retinanet_r18": Case(RETINANET, "coco_folder", 8, "epoch_1.pth", "epoch_2.pth", 4),
     "fcn_r18": Case(FCN, "segmentation_folder", 6, "iter_3.pth", "iter_6.pth", 3),
+    "retinanet_r18_aspect_ratio_batches": Case(
+        RETINANET_ASPECT_RATIO_BATCHES, "coco_folder", 8, "epoch_1.pth", "epoch_2.pth", 4
+    ),
+}
+#: Cases shardwise does not pass yet, with what was measured.
+XFAIL = {
+    "retinanet_r18_aspect_ratio_batches": (
+        "shardwise refuses the dataloader key batch_sampler (ValueError: unknown dataloader "
+        "keys ['batch_sampler'], in shardwise.runner.data.build_dataloader) that mmdet's "
+        "dataset configs set to AspectRatioBatchSampler; mmengine's Runner builds it around "
+        "the sampler"
+    ),
 }
 
 
@@ -271,7 +293,13 @@ def _max_difference(a: dict, b: dict) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", list(CASES))
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=XFAIL[k])) if k in XFAIL else k
+        for k in CASES
+    ],
+)
 def test_a_detection_or_segmentation_config_trains_as_under_mmengine_s_runner_and_resumes(
     kind, ops_env, request, tmp_path
 ):
