@@ -426,3 +426,19 @@ def test_mmpretrain_trains_as_under_mmengine_with_persistent_workers_or_infinite
     assert len(mine.losses) == len(oracle.losses) >= 12
     assert mine.losses == pytest.approx(oracle.losses, abs=LOSS_TOLERANCE, rel=0)
     assert mine.metrics == pytest.approx(oracle.metrics, abs=1e-6)
+
+
+def test_a_batch_sampler_is_refused_in_one_line_naming_it():
+    """mmdet's dataset configs set AspectRatioBatchSampler; shardwise's Runner batches with
+    its own sampler (whose position its checkpoints resume)."""
+    from shardwise.runner.data import check_dataloader_cfg
+
+    loader = dict(
+        batch_size=2, dataset=dict(type="X"), batch_sampler=dict(type="AspectRatioBatchSampler")
+    )
+    with pytest.raises(ValueError) as info:
+        check_dataloader_cfg(loader, "train_dataloader")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "train_dataloader.batch_sampler 'AspectRatioBatchSampler' is not supported" in message
+    assert "_delete_=True" in message

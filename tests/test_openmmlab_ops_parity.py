@@ -176,10 +176,9 @@ CASES = {
 #: Cases shardwise does not pass yet, with what was measured.
 XFAIL = {
     "retinanet_r18_aspect_ratio_batches": (
-        "shardwise refuses the dataloader key batch_sampler (ValueError: unknown dataloader "
-        "keys ['batch_sampler'], in shardwise.runner.data.build_dataloader) that mmdet's "
-        "dataset configs set to AspectRatioBatchSampler; mmengine's Runner builds it around "
-        "the sampler"
+        "shardwise refuses train_dataloader.batch_sampler in one line at the config check "
+        "(shardwise.runner.data.check_dataloader_cfg) that mmdet's dataset configs set to "
+        "AspectRatioBatchSampler; mmengine's Runner builds it around the sampler"
     ),
 }
 

@@ -354,6 +354,15 @@ def check_dataloader_cfg(cfg: Mapping[str, Any], name: str = "dataloader") -> No
             f"{name}.batch_size must be a positive int (the batch size per rank), got {size!r}; "
             f"e.g. {name}=dict(batch_size=32, dataset=...)"
         )
+    batches = cfg.get("batch_sampler")
+    if batches is not None:
+        kind = batches.get("type") if isinstance(batches, Mapping) else type(batches).__name__
+        raise ValueError(
+            f"{name}.batch_sampler {kind!r} is not supported: shardwise's Runner batches with "
+            "its own sampler, whose position its checkpoints save and resume; give the loader "
+            f"without it ({name}=dict(_delete_=True, ...) in a child of an mmdet config, whose "
+            "datasets set AspectRatioBatchSampler)"
+        )
     sampler = cfg.get("sampler")
     kind = sampler.get("type", "DefaultSampler") if isinstance(sampler, Mapping) else None
     if kind is not None and kind not in _SAMPLER_NAMES and DATA_SAMPLERS.get(kind) is None:
