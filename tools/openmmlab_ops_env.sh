@@ -20,8 +20,10 @@ set -euo pipefail
 py=${PYTHON:-.venv/bin/python}
 dir=${1:-}
 cache=${MMCV_CACHE:-$HOME/.cache/shardwise}
+# (six: mmdet's models; regex: mmseg's tokenizer; neither is in a venv `make openmmlab` made)
 pins=(mmdet==3.3.0 mmsegmentation==1.2.2 pycocotools==2.0.11 shapely==2.2.0
-  terminaltables==3.1.10 prettytable==3.19.0 ftfy==6.3.1 wcwidth==0.9.5)
+  terminaltables==3.1.10 prettytable==3.19.0 ftfy==6.3.1 wcwidth==0.9.5 six==1.17.0
+  regex==2026.12.2)
 
 if [ -z "$dir" ]; then
   bash "$(dirname "$0")/build_mmcv_ops.sh" "$cache"
