@@ -383,7 +383,7 @@ class MemoryTier:
         self._in_place = True  # the snapshot in flight writes the live tensors
         self._lock_handle: Any = None  # this rank's lock of the directory (see _lock)
         self._begun = False
-        self._written: set[tuple[int, ...]] = set()  # the slot files this process wrote
+        self._written: dict[Path, tuple[int, ...]] = {}  # slot file -> as this process wrote it
         #: the steps snapshotted, the seconds the training thread spent in them, in all
         self.snapshots, self.blocked_s = 0, 0.0
         #: the background thread's seconds writing snapshots and replicating them, in all
@@ -616,13 +616,13 @@ class MemoryTier:
         for path in slot.iterdir():
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
-            elif _identity(path) not in self._written:
+            elif self._written.get(path) != _identity(path):
                 path.unlink(missing_ok=True)
         return slot
 
     def _keep(self, slot: Path, files: Mapping[str, Any]) -> None:
         """Remember the files this process wrote into ``slot`` (see :meth:`_open_slot`)."""
-        self._written.update(_identity(slot / name) for name in files)
+        self._written.update({slot / name: _identity(slot / name) for name in files})
 
     def _replicate(self, slot: Path, marker: dict[str, Any], group: Any) -> None:
         """Send this rank's snapshot to its replica peers and keep theirs: the markers'
