@@ -60,6 +60,7 @@ import torch
 import torch.distributed as torch_dist
 from torch.distributed.tensor import DTensor
 
+from ..env import gc_paused
 from ..tree import map_with_path
 from .commit import CheckpointCommit
 from .files import CheckpointError
@@ -235,6 +236,7 @@ class AsyncCheckpointer:
         future: Future = Future()
         future.set_running_or_notify_cancel()
 
+        @gc_paused()
         def run() -> None:
             try:
                 error = None
