@@ -5,8 +5,9 @@ faults (error responses, dropped connections).
 ``S3Server.start()`` serves until ``stop()``; ``env`` holds what a process needs to reach it
 (credentials, endpoint; ``SHARDWISE_STORAGE_BACKOFF`` short, so retries take milliseconds).
 ``FaultProxy(server)`` forwards to it, answering the requests a rule matches with an error
-(``status=503, code='SlowDown'``) or by closing the connection (``drop=True``), ``times``
-times each.
+(``status=503, code='SlowDown'``), by closing the connection (``drop=True``), or by
+forwarding the request and then closing the connection unanswered (``lose=True``: the store
+did it, the client never hears), ``times`` times each.
 
 Example::
 
@@ -115,14 +116,16 @@ def _boto_credentials() -> dict[str, str]:
 class Rule:
     """Requests whose method is ``method`` (None: any) and whose path and query match the
     regular expression ``path`` get ``status`` with the S3 error ``code`` (or a closed
-    connection with ``drop``), ``times`` times (-1: always), each with probability ``rate``
-    (drawn from the proxy's seeded generator)."""
+    connection with ``drop``, or the request forwarded and its response lost with ``lose``),
+    ``times`` times (-1: always), each with probability ``rate`` (drawn from the proxy's
+    seeded generator)."""
 
     method: str | None = None
     path: str = ""
     status: int = 503
     code: str = "SlowDown"
     drop: bool = False
+    lose: bool = False
     times: int = 1
     rate: float = 1.0
     hits: int = 0
@@ -155,7 +158,9 @@ class FaultProxy:
             def _handle(self) -> None:
                 body = self._body()
                 rule = proxy._fault(self.command, self.path)
-                if rule is not None and rule.drop:
+                if rule is not None and (rule.drop or rule.lose):
+                    if rule.lose:
+                        self._upstream(body)
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
@@ -184,7 +189,8 @@ class FaultProxy:
                         self.rfile.readline()
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
-            def _forward(self, body: bytes) -> None:
+            def _upstream(self, body: bytes) -> tuple[http.client.HTTPResponse, bytes]:
+                """The request sent on to the server; its response and body."""
                 upstream = http.client.HTTPConnection("127.0.0.1", proxy.server.port, timeout=60)
                 headers = {
                     k: v
@@ -195,6 +201,11 @@ class FaultProxy:
                 upstream.request(self.command, self.path, body=body, headers=headers)
                 response = upstream.getresponse()
                 data = response.read()
+                upstream.close()
+                return response, data
+
+            def _forward(self, body: bytes) -> None:
+                response, data = self._upstream(body)
                 self.send_response(response.status, response.reason)
                 length = response.getheader("Content-Length") if self.command == "HEAD" else None
                 for key, value in response.getheaders():
@@ -204,7 +215,6 @@ class FaultProxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
-                upstream.close()
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 

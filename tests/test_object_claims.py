@@ -192,6 +192,23 @@ def test_a_save_overtaken_by_a_takeover_commits_nothing_and_leaves_the_new_owner
     assert find_last_checkpoint_at(prefix) == f"{prefix}/iter_2.pth"
 
 
+def test_an_upload_after_a_takeover_never_replaces_the_new_owners_objects():
+    prefix = _memory_prefix()
+    first, second = RunClaims(), RunClaims()
+    _save(prefix, "iter_1.pth", first)
+    late = ObjectCommit(f"{prefix}/iter_2.pth", work_dir=prefix, is_dir=True, claims=first)
+    staging = late.begin()
+    (staging / "a.bin").write_bytes(b"1" * 16)
+    late._prepare()
+    second.resumed_from(f"{prefix}/iter_1.pth")
+    _save(prefix, "iter_2.pth", second, b"2" * 16)  # takes over, saves the same name
+    with pytest.raises(FileExistsError, match="a.bin was written by another writer"):
+        late._upload()  # its transfer began before the takeover and goes on after it
+    late._discard()
+    assert read_object(f"{prefix}/iter_2.pth/a.bin") == b"2" * 16
+    assert find_last_checkpoint_at(prefix) == f"{prefix}/iter_2.pth"
+
+
 # ----------------------------------------------------------------------------- rollback
 def test_resuming_an_older_checkpoint_rolls_the_run_back_keeping_the_newer_ones(said):
     prefix = _memory_prefix()
@@ -304,9 +321,8 @@ class ClaimsModel(RuleBasedStateMachine):
     uploaded objects of its save in flight are all there, as it wrote them.
 
     Not modelled: a takeover in the middle of an upload's transfer (a run taken over before
-    its upload starts is refused there). Its bytes could still replace the new owner's
-    objects of the same name before the owner pins them (see the module docstring of
-    :mod:`shardwise.checkpoint.object_commit`)."""
+    its upload starts is refused there); uploads are only-if-absent, so its bytes never
+    replace the new owner's objects (``tests/test_storage_transport.py``)."""
 
     base = "memory://claims-model"
     interleavings = commits = 0

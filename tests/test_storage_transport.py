@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -135,6 +136,44 @@ def test_a_programming_error_is_raised_at_once_not_retried():
     with pytest.raises(KeyError):
         retried("reading", "s3://b/run/iter_4.pth", broken)
     assert len(calls) == 1
+
+
+# ----------------------------------------------------------------------------- only if absent
+SIZES = pytest.mark.parametrize("size", [1 << 10, 33 << 20], ids=["one PUT", "multipart"])
+
+
+@SIZES
+def test_an_upload_never_replaces_another_writers_object(s3, tmp_path, size):
+    bucket, key = s3.bucket(), "run/iter_2.pth/__0_0.distcp"
+    theirs = os.urandom(size)  # a run that took the prefix over wrote it first
+    s3.client().put_object(Bucket=bucket[5:], Key=key, Body=theirs)
+    ours = tmp_path / "__0_0.distcp"
+    ours.write_bytes(os.urandom(size))
+
+    with pytest.raises(FileExistsError, match=f"{bucket}/{key} was written by another writer"):
+        upload_files([(ours, f"{bucket}/{key}")])
+
+    assert s3.client().get_object(Bucket=bucket[5:], Key=key)["Body"].read() == theirs
+    assert not s3.client().list_multipart_uploads(Bucket=bucket[5:]).get("Uploads")
+
+
+@SIZES
+def test_an_upload_whose_response_was_lost_is_found_to_be_its_own(proxied, tmp_path, size):
+    proxy, bucket = proxied
+    local = tmp_path / "state.pth"
+    local.write_bytes(os.urandom(size))
+    # the request that writes the object (the PUT, or the multipart upload's completion)
+    # reaches the store, its response does not: the client sends it again, which the store
+    # refuses (the object is there now)
+    method, path = ("PUT", r"/run/state\.pth$") if size < 1 << 20 else ("POST", r"uploadId=")
+    lost = proxy.add(method=method, path=path, lose=True)
+
+    upload_files([(local, f"{bucket}/run/state.pth")])
+
+    assert lost.hits == 1
+    assert len([r for r in proxy.seen if r.startswith(method) and re.search(path, r)]) == 2
+    body = proxy.server.client().get_object(Bucket=bucket[5:], Key="run/state.pth")["Body"]
+    assert body.read() == local.read_bytes()
 
 
 # ----------------------------------------------------------------------------- leftovers

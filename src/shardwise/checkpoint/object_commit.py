@@ -56,10 +56,12 @@ Invariants, and why they hold:
   newest committed checkpoint it resumed from, or (a rollback, below) one of its committed
   checkpoints that the run resumed from explicitly while newer ones were there. Otherwise the
   save is refused, in one line naming the owner.
-- *Known limit*: a run taken over in the middle of an upload's transfer goes on sending its
-  bytes until it checks its claim; they may replace the new owner's objects of the same
-  name before that owner pins them (two runs saving one name at once). The pinned ETags do
-  not see that; ``shardwise ckpt verify`` (checksums) does.
+- *No upload replaces another writer's object*: a run taken over in the middle of an
+  upload's transfer goes on sending its bytes until it checks its claim, but every object is
+  written only if absent (:func:`.storage.upload_files`); where both runs save one name at
+  once, the one that comes second fails that save (``FileExistsError`` naming the object)
+  and the other's object stays. A write whose response was lost, sent again by the client
+  and refused, is recognised as the run's own by its bytes.
 
 **Rolling a run back.** Resume explicitly from an older checkpoint of the prefix
 (``resume='s3://bucket/run/iter_4.pth'``, ``--resume s3://bucket/run/iter_4.pth``); the first

@@ -669,9 +669,16 @@ def abort_incomplete_uploads(prefix: str) -> list[str]:
 
 
 def upload_files(pairs: Iterable[tuple[Path, str]], threads: int = 8) -> None:
-    """Upload local files to objects, several at a time, each retried (:func:`retried`); on
-    S3 a file of twice ``UPLOAD_PART`` or more goes as a multipart upload, its parts in
-    parallel (s3fs)."""
+    """Upload local files to new objects, several at a time, each retried (:func:`retried`);
+    on S3 a file of twice ``UPLOAD_PART`` or more goes as a multipart upload, its parts in
+    parallel (s3fs).
+
+    Each object is written only if absent (fsspec's ``mode='create'``: S3's ``If-None-Match:
+    *`` on the PUT or on the multipart upload's completion), so that an upload never replaces
+    another writer's object, e.g. that of a run which took the prefix over mid-upload: that
+    is ``FileExistsError`` naming the object, which is left as it is. An object found there
+    with this file's bytes is this upload's own, whose response was lost and whose request
+    the client sent again: that upload succeeded."""
     pairs = list(pairs)
     if not pairs:
         return
@@ -679,13 +686,45 @@ def upload_files(pairs: Iterable[tuple[Path, str]], threads: int = 8) -> None:
     def upload(pair: tuple[Path, str]) -> None:
         local, url = pair
         fs, path = filesystem(url)
-        parts = {}
+        options: dict[str, Any] = {"mode": "create"}
         if protocol_of(url) in ("s3", "s3a"):  # S3 takes at most 10,000 parts
-            parts["chunksize"] = max(UPLOAD_PART, -(-local.stat().st_size // 10_000))
-        retried("uploading", url, fs.put_file, str(local), path, **parts)
+            options["chunksize"] = max(UPLOAD_PART, -(-local.stat().st_size // 10_000))
+        try:
+            retried("uploading", url, fs.put_file, str(local), path, **options)
+        except OSError as exc:
+            if not _refused_as_present(exc):
+                raise
+            if not _holds(url, local):
+                raise FileExistsError(
+                    f"{url} was written by another writer while this save uploaded it (a run "
+                    "that took the prefix over, or another one saving there): it is not this "
+                    "save's object and is left as it is"
+                ) from None
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(pairs)))) as pool:
         list(pool.map(upload, pairs))  # raises the first failure
+
+
+def _refused_as_present(exc: OSError) -> bool:
+    """Whether an only-if-absent write failed because an object was there (fsspec's
+    ``FileExistsError``; s3fs's 412 Precondition Failed, an ``EINVAL``)."""
+    if isinstance(exc, FileExistsError):
+        return True
+    text = str(exc).lower()
+    return exc.errno == errno.EINVAL and ("precondition" in text or "condition" in text)
+
+
+def _holds(url: str, local: Path) -> bool:
+    """Whether the object at ``url`` holds exactly ``local``'s bytes (read back)."""
+    info = object_info(url)
+    size = local.stat().st_size
+    if info is None or int(info.get("size", -1)) != size:
+        return False
+    fs, path = filesystem(url)
+    with fs.open(path, "rb", block_size=UPLOAD_PART) as remote, open(local, "rb") as f:
+        return all(
+            remote.read(len(block)) == block for block in iter(lambda: f.read(UPLOAD_PART), b"")
+        )
 
 
 def pin(info: Mapping[str, Any]) -> dict[str, str]:
