@@ -174,7 +174,10 @@ def test_a_checkpoint_with_a_missing_or_replaced_object_is_not_committed_nor_res
     assert committed_checkpoints_at(prefix) == [f"{prefix}/iter_1.pth"]
 
 
-def test_a_save_overtaken_by_a_takeover_commits_nothing_and_leaves_the_new_owners_save():
+@pytest.mark.parametrize("upload", ["before the takeover", "after the takeover"])
+def test_a_save_overtaken_by_a_takeover_commits_nothing_and_leaves_the_new_owners_save(upload):
+    """The overtaken save's upload done before the takeover (its commit is refused), or going
+    on after it (uploads are only-if-absent: it fails there, the new owner's objects stay)."""
     prefix = _memory_prefix()
     first, second = RunClaims(), RunClaims()
     _save(prefix, "iter_1.pth", first)
@@ -182,29 +185,16 @@ def test_a_save_overtaken_by_a_takeover_commits_nothing_and_leaves_the_new_owner
     staging = late.begin()
     (staging / "a.bin").write_bytes(b"1" * 16)
     late._prepare()
-    digests = late._upload()
+    digests = late._upload() if upload == "before the takeover" else {}
     second.resumed_from(f"{prefix}/iter_1.pth")
     _save(prefix, "iter_2.pth", second, b"2" * 16)  # takes over, saves the same name
-    with pytest.raises(PrefixClaimedError, match="took it over while this checkpoint"):
-        late._commit(digests)
+    if digests:
+        with pytest.raises(PrefixClaimedError, match="took it over while this checkpoint"):
+            late._commit(digests)
+    else:
+        with pytest.raises(FileExistsError, match="a.bin was written by another writer"):
+            late._upload()
     late._discard()  # what finish() does: the new owner's objects stay
-    assert read_object(f"{prefix}/iter_2.pth/a.bin") == b"2" * 16
-    assert find_last_checkpoint_at(prefix) == f"{prefix}/iter_2.pth"
-
-
-def test_an_upload_after_a_takeover_never_replaces_the_new_owners_objects():
-    prefix = _memory_prefix()
-    first, second = RunClaims(), RunClaims()
-    _save(prefix, "iter_1.pth", first)
-    late = ObjectCommit(f"{prefix}/iter_2.pth", work_dir=prefix, is_dir=True, claims=first)
-    staging = late.begin()
-    (staging / "a.bin").write_bytes(b"1" * 16)
-    late._prepare()
-    second.resumed_from(f"{prefix}/iter_1.pth")
-    _save(prefix, "iter_2.pth", second, b"2" * 16)  # takes over, saves the same name
-    with pytest.raises(FileExistsError, match="a.bin was written by another writer"):
-        late._upload()  # its transfer began before the takeover and goes on after it
-    late._discard()
     assert read_object(f"{prefix}/iter_2.pth/a.bin") == b"2" * 16
     assert find_last_checkpoint_at(prefix) == f"{prefix}/iter_2.pth"
 

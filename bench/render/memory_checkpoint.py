@@ -155,8 +155,9 @@ def _async_save(rep: Report, a: dict[str, Any]) -> None:
         "**An asynchronous storage save's added loop time, one process**: a 12-step loop with "
         "a sharded save to the local disk after steps 4 and 8 (not after the last, where the "
         "loop's end would wait for the whole write) against the same loop without saves, and "
-        "with synchronous saves, each loop ending when its last save is committed; the ratio "
-        "is (async added) / (sync added).",
+        "with synchronous saves, each loop ending when its last save is committed; an added "
+        "time is the median over rounds of (the loop - the same round's loop without saves), "
+        "and the ratio is (async added) / (sync added).",
         "",
     )
     rep.table(
