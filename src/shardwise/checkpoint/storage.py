@@ -19,10 +19,11 @@ storage through the commit protocol of :mod:`.object_commit` and the reads of
   standard mode; a failed part of a multipart upload is sent again alone), logged; each
   object operation by :func:`retried`, with backoff, then one
   :class:`~.files.CheckpointError` naming the object. The operations: uploads of a rank's
-  files in parallel (:func:`upload_files`; s3fs uploads large objects in parts), ranged reads
-  pinned to the version listed (:func:`read_ranges`, :func:`pin`), listings, small objects
-  with a condition (:func:`write_object`: only if absent, or only if unchanged since read),
-  the abort of incomplete multipart uploads (:func:`abort_incomplete_uploads`).
+  files in parallel, each only if absent (:func:`upload_files`; s3fs uploads large objects in
+  parts), ranged reads pinned to the version listed (:func:`read_ranges`, :func:`pin`),
+  listings, small objects with a condition (:func:`write_object`: only if absent, or only if
+  unchanged since read), the abort of incomplete multipart uploads
+  (:func:`abort_incomplete_uploads`).
 
 Example::
 
@@ -710,8 +711,7 @@ def _refused_as_present(exc: OSError) -> bool:
     ``FileExistsError``; s3fs's 412 Precondition Failed, an ``EINVAL``)."""
     if isinstance(exc, FileExistsError):
         return True
-    text = str(exc).lower()
-    return exc.errno == errno.EINVAL and ("precondition" in text or "condition" in text)
+    return exc.errno == errno.EINVAL and "condition" in str(exc).lower()
 
 
 def _holds(url: str, local: Path) -> bool:
