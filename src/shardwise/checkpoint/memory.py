@@ -473,12 +473,15 @@ class MemoryTier:
         mine = needed.get(top.domain(), 0)
         directory = self.root.parent
         directory.mkdir(parents=True, exist_ok=True)
+        # each rank's free space and what this run's snapshots hold there already (replaced,
+        # not added to), measured before any rank of a node may remove them, and gathered:
+        # every rank decides on the same figures
         free = shutil.disk_usage(directory).free
-        have = self._gather(free, "checking the memory checkpoint directory")
+        have = self._gather((free, self._held()), "checking the memory checkpoint directory")
         short = [
             (r, needed[top.domain(r)], f)
-            for r, f in enumerate(have)
-            if f < needed.get(top.domain(r), 0) - self._held(r)
+            for r, (f, held) in enumerate(have)
+            if f < needed.get(top.domain(r), 0) - held
         ]
         if short:
             rank, need, free = short[0]
@@ -490,12 +493,16 @@ class MemoryTier:
                 "more memory to /dev/shm"
             )
 
-    def _held(self, rank: int) -> int:
-        """Bytes this run's snapshots already take in ``rank``'s node directory (they are
-        replaced, not added to); known here for this rank's node only."""
-        if self.topology.domain(rank) != self.topology.domain() or not self.root.exists():
-            return 0
-        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+    def _held(self) -> int:
+        """Bytes this run's snapshots already take in this node's directory."""
+        total = 0
+        for folder, _, names in os.walk(self.root):  # none where it does not exist
+            for name in names:
+                try:
+                    total += os.stat(os.path.join(folder, name)).st_size
+                except FileNotFoundError:  # removed meanwhile: holds nothing
+                    pass
+        return total
 
     def _remove_earlier_snapshots(self) -> None:
         top = self.topology
