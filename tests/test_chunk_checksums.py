@@ -263,3 +263,59 @@ def test_records_skip_torchs_crc32_on_any_thread():
     finally:
         torch.serialization.set_crc32_options(previous)
     assert torch.equal(torch.load(io.BytesIO(records[1]), weights_only=True), tensors[1])
+
+
+def _index(path: Path) -> dict:
+    """Rank 0's stored chunks: where each is and its checksum."""
+    with open(path / "__0.metadata", "rb") as f:
+        stored = load_dcp_metadata(f).storage_data
+    return {k: (v.offset, v.length, chunk_checksum(v)) for k, v in stored.items()}
+
+
+def test_a_file_written_again_holds_what_a_fresh_write_holds(tmp_path, monkeypatch):
+    # a memory snapshot's slot (rewrite=True): a save of the same layout writes only the
+    # tensors' bytes over the last one's; its data file, each record's checksum and the file's
+    # checksum are those of a fresh write, and whatever else happened to it is written whole
+    from shardwise.checkpoint import records
+
+    def state(seed: int, rows: int = 3) -> dict:
+        g = torch.Generator().manual_seed(seed)
+        return {
+            "state_dict": {
+                "w": torch.randn(rows, 5, generator=g),
+                "h": torch.randn(4, generator=g).to(torch.bfloat16),
+            },
+            "optimizer": {"state": {"w": {"step": torch.tensor(float(seed))}}},
+            "meta": {"seed": seed},
+        }
+
+    templated = []
+    real_record = records._record
+    monkeypatch.setattr(
+        records, "_record", lambda t, put: (templated.append(1), real_record(t, put))
+    )
+    slot = tmp_path / "slot"
+    data = slot / "__0_0.distcp"
+    cases = [(1, 3, None), (2, 3, None), (3, 4, None), (4, 4, None), (5, 4, "flip")]
+    for seed, rows, meddle in [(0, 3, None), *cases]:
+        if meddle == "flip":  # another writer's bytes, the size kept: not trusted
+            raw = bytearray(data.read_bytes())
+            raw[-20] ^= 0xFF
+            data.write_bytes(bytes(raw))
+        templated.clear()
+        written = save_sharded_checkpoint(state(seed, rows), slot, rewrite=True)
+        rewritten = not templated
+        fresh = tmp_path / f"fresh{seed}"
+        expected = save_sharded_checkpoint(state(seed, rows), fresh)
+        assert data.read_bytes() == (fresh / "__0_0.distcp").read_bytes()
+        digests = {Path(w.path).name: w.checksum for w in written}
+        assert (
+            digests["__0_0.distcp"]
+            == {Path(w.path).name: w.checksum for w in expected}["__0_0.distcp"]
+        )
+        assert _index(slot) == _index(fresh)
+        loaded = load_sharded_checkpoint(slot)
+        assert torch.equal(loaded["state_dict"]["w"], state(seed, rows)["state_dict"]["w"])
+        # written over where the layout is the last write's (seeds 1, 2, 4), whole where a
+        # tensor's shape changed (3) or another process wrote the file (5)
+        assert rewritten == (seed in (1, 2, 4)), seed

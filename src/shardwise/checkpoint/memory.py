@@ -587,7 +587,7 @@ class MemoryTier:
             start = time.perf_counter()
             group = self.stager.group() if self.distributed else None
             slot = self._open_slot(self.topology.rank)
-            written = save_sharded_checkpoint(staged, slot, process_group=group)
+            written = save_sharded_checkpoint(staged, slot, process_group=group, rewrite=True)
             self.seconds["write"] += time.perf_counter() - start
             files = {}
             for item in written:

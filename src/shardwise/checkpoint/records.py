@@ -211,13 +211,22 @@ def write_records(
     planner: SavePlanner,
     sync: bool = True,
     copy_ahead: int = 10_000_000,
+    rewrite: bool = False,
 ) -> tuple[list[WriteResult], str]:
     """Write ``items`` (one rank's plan) to the data file ``path`` (``storage_key``: its name
     in the index) as DCP's ``FileSystemWriter`` would, in its order (byte items first, then
     the tensors as its loader hands them over); return the write results, each record's
     checksum in its ``_StorageInfo``, and the file's checksum. ``sync``: fsync the file
     before returning; ``copy_ahead``: bytes copied from an accelerator ahead of the writes
-    (DCP's ``per_thread_copy_ahead``)."""
+    (DCP's ``per_thread_copy_ahead``). ``rewrite``: the file is written again and again with
+    the same records (a memory snapshot's slot): where this process wrote it last with
+    records of the same kinds, only the tensors' bytes are written over (:func:`_rewrite`)."""
+    path = os.fspath(path)
+    if rewrite:
+        done = _rewrite(path, storage_key, items, planner, sync)
+        if done is not None:
+            return done
+    _LAYOUTS.pop(path, None)
     byte_items = [i for i in items if i.type == WriteItemType.BYTE_IO]
     tensor_items = [i for i in items if i.type != WriteItemType.BYTE_IO]
     results: list[WriteResult] = []
@@ -243,7 +252,98 @@ def write_records(
         f.truncate(position)
         if sync:
             os.fsync(f.fileno())
+    if rewrite and not byte_items:
+        _remember(path, results, planner)
     return results, out.hexdigest()
+
+
+class _Layout:
+    """Where :func:`write_records` put each tensor record of a file it may write again: in the
+    file's order, each record's index, template key and offset; the file as it left it."""
+
+    def __init__(self, records: list[tuple[Any, tuple[Any, ...], int]], identity: tuple) -> None:
+        self.records, self.identity = records, identity
+
+
+#: data file -> its layout, for the files written with ``rewrite`` (a memory tier's slots)
+_LAYOUTS: dict[str, _Layout] = {}
+
+
+def _identity(path: str) -> tuple[int, ...]:
+    stat = os.stat(path)
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def _kind(tensor: torch.Tensor) -> tuple[Any, ...] | None:
+    """The template key of a tensor written from a template, else None."""
+    if not _plain(tensor):
+        return None
+    key = (tensor.dtype, tuple(tensor.shape), tensor.stride(), _alignment())
+    return key if _TEMPLATES.get(key) is not None else None
+
+
+def _local(planner: SavePlanner, item: WriteItem) -> torch.Tensor:
+    """The tensor ``item`` writes: a plain tensor, or this rank's shard of a DTensor (what
+    the planner resolves it to, without its per-item lookup and autograd call)."""
+    value = planner.state_dict[item.index.fqn]  # type: ignore[attr-defined]
+    return getattr(value, "_local_tensor", value)
+
+
+def _remember(path: str, results: list[WriteResult], planner: SavePlanner) -> None:
+    records = []
+    for result in results:
+        value = planner.state_dict[result.index.fqn]  # type: ignore[attr-defined]
+        kind = _kind(getattr(value, "_local_tensor", value))
+        if kind is None:
+            return  # a record not from a template: written whole next time
+        records.append((result.index, kind, result.storage_data.offset))
+    _LAYOUTS[path] = _Layout(records, _identity(path))
+
+
+def _rewrite(
+    path: str, storage_key: str, items: Sequence[WriteItem], planner: SavePlanner, sync: bool
+) -> tuple[list[WriteResult], str] | None:
+    """The file written again with only its tensors' bytes (each between its template's head
+    and tail, where the last write put them), when this process wrote it last with the same
+    records: every item's index and kind as then. The checksums are taken as
+    :func:`write_records` takes them; the results are the same. None where it cannot be."""
+    layout = _LAYOUTS.pop(path, None)
+    if layout is None or len(items) != len(layout.records):
+        return None
+    try:
+        if _identity(path) != layout.identity:
+            return None  # written by another since (a replica, a recovery's copy)
+    except OSError:
+        return None
+    tensors = {item.index: item for item in items}
+    planned = []
+    for index, kind, offset in layout.records:
+        item = tensors.get(index)
+        tensor = None if item is None else _local(planner, item)
+        if tensor is None or item.type == WriteItemType.BYTE_IO or _kind(tensor) != kind:
+            return None
+        planned.append((item, tensor, _TEMPLATES[kind], offset))
+    results = []
+    whole = new_checksum()
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for item, tensor, template, offset in planned:
+            data = _bytes_of(tensor)
+            os.pwrite(fd, data, offset + len(template.head))
+            digest = new_checksum()
+            for part in (template.head, data, template.tail):
+                digest.update(part)
+                whole.update(part)
+            length = len(template.head) + data.nbytes + len(template.tail)
+            info = _StorageInfo(storage_key, offset, length)
+            setattr(info, CHECKSUM, f"{ALGORITHM}:{digest.hexdigest()}")
+            results.append(WriteResult(index=item.index, size_in_bytes=length, storage_data=info))
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    _LAYOUTS[path] = _Layout(layout.records, _identity(path))
+    return results, whole.hexdigest()
 
 
 def record_bytes(tensor: torch.Tensor) -> bytes:

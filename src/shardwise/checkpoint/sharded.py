@@ -237,10 +237,11 @@ class _RecordingWriter(dcp.FileSystemWriter):
     """DCP's file writer that hashes the files this rank writes as it writes them, and
     remembers them (for the manifest)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, rewrite: bool = False) -> None:
         super().__init__(path, sync_files=True)
         self.fs = _HashingFileSystem()
         self.root = path
+        self.rewrite = rewrite  # see write_records
         self.names: list[str] = []
 
     def write_data(self, plan: Any, planner: Any) -> Any:
@@ -262,7 +263,13 @@ class _RecordingWriter(dcp.FileSystemWriter):
             name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
             file = Path(self.fs.concat_path(self.path, name))
             results, digest = write_records(
-                file, name, plan.items, planner, self.sync_files, self.per_thread_copy_ahead
+                file,
+                name,
+                plan.items,
+                planner,
+                self.sync_files,
+                self.per_thread_copy_ahead,
+                self.rewrite,
             )
             self.fs.digests[file] = digest
             self.names.append(name)
@@ -322,6 +329,7 @@ def save_sharded_checkpoint(
     process_group: torch_dist.ProcessGroup | None = None,
     plan_cache: str | None = None,
     central_plan: bool = False,
+    rewrite: bool = False,
 ) -> list[Path | WrittenFile]:
     """Write ``state`` into the directory ``path``; every rank calls it (a collective, on
     ``process_group``, by default the world). Returns the files this rank wrote, each with
@@ -345,6 +353,10 @@ def save_sharded_checkpoint(
     DCP agrees on it; planned alone: on the failing rank, and the commit agrees).
     On the main thread DCP's records are written without torch's per-record CRC-32 (see
     :func:`_records_without_crc32`): the returned checksums cover every byte.
+
+    ``rewrite``: ``path`` is written again and again with a state of the same layout (a
+    memory snapshot's slot): a data file this process wrote there last with the same records
+    gets only its tensors' bytes written over (:func:`.records.write_records`).
     """
     path = Path(path)
     tensors: dict[str, torch.Tensor] = {}
@@ -357,11 +369,11 @@ def save_sharded_checkpoint(
     if distributed and not central_plan:
         alone = _every_rank_can_plan_alone(tensors, alone, process_group)
     if alone:
-        written = _save_without_gather(tensors, path, rank, world)
+        written = _save_without_gather(tensors, path, rank, world, rewrite)
         if rank == 0:
             written.append(save_full_checkpoint(skeleton, path / META_FILE))
         return written
-    writer = _RecordingWriter(path)
+    writer = _RecordingWriter(path, rewrite)
     try:
         with _records_without_crc32():
             dcp.save(
@@ -396,13 +408,13 @@ def _every_rank_can_plan_alone(
 
 
 def _save_without_gather(
-    tensors: dict[str, torch.Tensor], path: Path, rank: int, world: int
+    tensors: dict[str, torch.Tensor], path: Path, rank: int, world: int, rewrite: bool = False
 ) -> list[Path | WrittenFile]:
     """This rank's part of a save planned alone (:mod:`.planning`): its chunks to
     ``__{rank}_0.distcp`` and its metadata fragment to ``__{rank}.metadata`` through DCP's
     writer in its rank-local mode, ``layout.json`` on rank 0. No collective: the commit that
     follows is the one agreement. A failed write raises on this rank (the commit agrees)."""
-    writer = _RecordingWriter(path)
+    writer = _RecordingWriter(path, rewrite)
     planner = DefaultSavePlanner()  # resolves each write item to its tensor (DTensor: local)
     planner.set_up_planner(
         state_dict=tensors, storage_meta=writer.storage_meta(), is_coordinator=rank == 0
