@@ -7,7 +7,9 @@ planned by each rank alone: its ``__{rank}_0.distcp`` and metadata fragment; ran
 (``/dev/shm`` by default: memory, gone only with the node). Each owner rank has two slots per
 node directory; a snapshot goes into the older one, whose marker (``snapshot.json``: step, run,
 world, each file's size and checksum) is removed first and written last, so a crash mid-write
-leaves the other slot's snapshot whole and never a half one that reads as complete.
+leaves the other slot's snapshot whole and never a half one that reads as complete. A slot's
+data file is written whole once; after that only its tensors' bytes are copied over, into the
+pages kept mapped (:func:`.records.write_records`' ``rewrite``).
 
 The *policy* (who keeps whose copy) is :class:`Topology`: ranks are grouped into failure domains
 of ``domain_size`` consecutive ranks (a node: torchrun's ``LOCAL_WORLD_SIZE``), and rank ``r``
@@ -64,6 +66,7 @@ from .agreement import gather_outcomes
 from .async_save import AsyncCheckpointer
 from .files import CheckpointError, atomic_write_text, describe_error
 from .manifest import ALGORITHM, MANIFEST, build_manifest
+from .records import forget
 from .sharded import save_sharded_checkpoint
 
 __all__ = [
@@ -740,6 +743,7 @@ class MemoryTier:
 
     def remove(self) -> None:
         """Remove this run's snapshots from this node (a run that ended)."""
+        forget(self.root)  # the slots' pages this process keeps mapped
         shutil.rmtree(self.root, ignore_errors=True)
 
 

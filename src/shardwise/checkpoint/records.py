@@ -20,7 +20,12 @@ no reader sees:
   record (a ~10M-parameter AdamW state is 768 records per rank on 2 ranks). The templates are
   written without CRC-32s on any thread, torch's process-wide switch left alone (a snapshot
   written in the background). Anything else (a subclass, ``requires_grad``, an empty tensor)
-  goes through ``torch.save``.
+  goes through ``torch.save``;
+- **a file written again** (``rewrite=True``: a memory snapshot's slot, rewritten every step
+  with a state of the same layout): where this process wrote the file last with records of
+  the same kinds at the same places, only the tensors' bytes are copied into its mapped pages,
+  and the checksums are taken over the bytes in the file. A file changed since by another
+  writer (its identity: inode, size, modification time) is written whole.
 
 Example::
 
@@ -50,7 +55,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from .full import HashingWriter
 from .manifest import ALGORITHM, new_checksum
 
-__all__ = ["CHECKSUM", "chunk_checksum", "write_records"]
+__all__ = ["CHECKSUM", "chunk_checksum", "forget", "write_records"]
 
 #: The ``_StorageInfo`` attribute holding a record's checksum, ``"xxh3_64:<hex>"``.
 CHECKSUM = "checksum"
@@ -257,16 +262,34 @@ def write_records(
     return results, out.hexdigest()
 
 
+def record_bytes(tensor: torch.Tensor) -> bytes:
+    """The record :func:`write_records` writes for ``tensor`` (for tests: it must equal
+    ``torch.save``'s)."""
+    chunks: list[bytes] = []
+    _record(tensor, lambda data: chunks.append(bytes(data)))
+    return b"".join(chunks)
+
+
 class _Layout:
     """Where :func:`write_records` put each tensor record of a file it may write again: in the
-    file's order, each record's index, template key and offset; the file as it left it."""
+    file's order, each record's index, template key and offset; the file as it left it, and
+    its pages mapped once written again (a copy into them costs half a ``pwrite``)."""
 
     def __init__(self, records: list[tuple[Any, tuple[Any, ...], int]], identity: tuple) -> None:
         self.records, self.identity = records, identity
+        self.mapped: torch.Tensor | None = None
 
 
 #: data file -> its layout, for the files written with ``rewrite`` (a memory tier's slots)
 _LAYOUTS: dict[str, _Layout] = {}
+
+
+def forget(directory: str | os.PathLike[str]) -> None:
+    """Drop what :func:`write_records` keeps of the files under ``directory`` (their pages
+    mapped): a memory tier's directory that is removed."""
+    prefix = os.path.join(os.fspath(directory), "")
+    for path in [p for p in _LAYOUTS if p.startswith(prefix)]:
+        del _LAYOUTS[path]
 
 
 def _identity(path: str) -> tuple[int, ...]:
@@ -282,18 +305,17 @@ def _kind(tensor: torch.Tensor) -> tuple[Any, ...] | None:
     return key if _TEMPLATES.get(key) is not None else None
 
 
-def _local(planner: SavePlanner, item: WriteItem) -> torch.Tensor:
-    """The tensor ``item`` writes: a plain tensor, or this rank's shard of a DTensor (what
-    the planner resolves it to, without its per-item lookup and autograd call)."""
-    value = planner.state_dict[item.index.fqn]  # type: ignore[attr-defined]
+def _local(planner: SavePlanner, fqn: str) -> torch.Tensor:
+    """The tensor an item writes: a plain tensor, or this rank's shard of a DTensor (what the
+    planner resolves it to, without its per-item lookup and autograd call)."""
+    value = planner.state_dict[fqn]  # type: ignore[attr-defined]
     return getattr(value, "_local_tensor", value)
 
 
 def _remember(path: str, results: list[WriteResult], planner: SavePlanner) -> None:
     records = []
     for result in results:
-        value = planner.state_dict[result.index.fqn]  # type: ignore[attr-defined]
-        kind = _kind(getattr(value, "_local_tensor", value))
+        kind = _kind(_local(planner, result.index.fqn))
         if kind is None:
             return  # a record not from a template: written whole next time
         records.append((result.index, kind, result.storage_data.offset))
@@ -305,8 +327,9 @@ def _rewrite(
 ) -> tuple[list[WriteResult], str] | None:
     """The file written again with only its tensors' bytes (each between its template's head
     and tail, where the last write put them), when this process wrote it last with the same
-    records: every item's index and kind as then. The checksums are taken as
-    :func:`write_records` takes them; the results are the same. None where it cannot be."""
+    records: every item's index and kind as then. The checksums are those of the bytes in the
+    file, taken as :func:`write_records` takes them; the results are the same. None where it
+    cannot be."""
     layout = _LAYOUTS.pop(path, None)
     if layout is None or len(items) != len(layout.records):
         return None
@@ -315,40 +338,40 @@ def _rewrite(
             return None  # written by another since (a replica, a recovery's copy)
     except OSError:
         return None
-    tensors = {item.index: item for item in items}
+    by_index = {item.index: item for item in items}
     planned = []
     for index, kind, offset in layout.records:
-        item = tensors.get(index)
-        tensor = None if item is None else _local(planner, item)
-        if tensor is None or item.type == WriteItemType.BYTE_IO or _kind(tensor) != kind:
+        item = by_index.get(index)
+        if item is None or item.type == WriteItemType.BYTE_IO:
+            return None
+        tensor = _local(planner, index.fqn)
+        if _kind(tensor) != kind:
             return None
         planned.append((item, tensor, _TEMPLATES[kind], offset))
+    if layout.mapped is None:
+        size = layout.identity[2]
+        layout.mapped = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
     results = []
     whole = new_checksum()
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        for item, tensor, template, offset in planned:
-            data = _bytes_of(tensor)
-            os.pwrite(fd, data, offset + len(template.head))
-            digest = new_checksum()
-            for part in (template.head, data, template.tail):
-                digest.update(part)
-                whole.update(part)
-            length = len(template.head) + data.nbytes + len(template.tail)
-            info = _StorageInfo(storage_key, offset, length)
-            setattr(info, CHECKSUM, f"{ALGORITHM}:{digest.hexdigest()}")
-            results.append(WriteResult(index=item.index, size_in_bytes=length, storage_data=info))
-        if sync:
+    for item, tensor, template, offset in planned:
+        start = offset + len(template.head)
+        source = tensor.reshape(-1).view(torch.uint8)
+        stored = layout.mapped[start : start + source.numel()]
+        stored.copy_(source)
+        digest = new_checksum()
+        for part in (template.head, memoryview(stored.numpy()), template.tail):
+            digest.update(part)
+            whole.update(part)
+        length = len(template.head) + source.numel() + len(template.tail)
+        info = _StorageInfo(storage_key, offset, length)
+        setattr(info, CHECKSUM, f"{ALGORITHM}:{digest.hexdigest()}")
+        results.append(WriteResult(index=item.index, size_in_bytes=length, storage_data=info))
+    if sync:
+        fd = os.open(path, os.O_RDONLY)
+        try:
             os.fsync(fd)
-    finally:
-        os.close(fd)
-    _LAYOUTS[path] = _Layout(layout.records, _identity(path))
+        finally:
+            os.close(fd)
+    layout.identity = _identity(path)
+    _LAYOUTS[path] = layout
     return results, whole.hexdigest()
-
-
-def record_bytes(tensor: torch.Tensor) -> bytes:
-    """The record :func:`write_records` writes for ``tensor`` (for tests: it must equal
-    ``torch.save``'s)."""
-    chunks: list[bytes] = []
-    _record(tensor, lambda data: chunks.append(bytes(data)))
-    return b"".join(chunks)
