@@ -307,7 +307,8 @@ def test_a_file_written_again_holds_what_a_fresh_write_holds(tmp_path, monkeypat
         rewritten = not templated
         fresh = tmp_path / f"fresh{seed}"
         expected = save_sharded_checkpoint(state(seed, rows), fresh)
-        assert data.read_bytes() == (fresh / "__0_0.distcp").read_bytes()
+        for name in ("__0_0.distcp", "layout.json", "meta.pt"):
+            assert (slot / name).read_bytes() == (fresh / name).read_bytes(), name
         digests = {Path(w.path).name: w.checksum for w in written}
         assert (
             digests["__0_0.distcp"]

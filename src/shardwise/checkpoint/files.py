@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "file_identity",
     "LAST_CHECKPOINT",
     "CheckpointError",
     "atomic_write_text",
@@ -44,6 +45,16 @@ SIDECAR_SUFFIX = ".manifest.json"
 
 class CheckpointError(RuntimeError):
     """A save or load failed on at least one rank; raised on every rank."""
+
+
+def file_identity(path: str | os.PathLike[str]) -> tuple[int, ...]:
+    """A file as it is now: device, inode, size and modification time (an inode number alone
+    is reused at once); an empty tuple where there is none."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return ()
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def describe_error(exc: BaseException) -> str:

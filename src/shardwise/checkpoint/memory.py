@@ -64,10 +64,9 @@ from ..env import gc_paused
 from ..tree import map_tensors
 from .agreement import gather_outcomes
 from .async_save import AsyncCheckpointer
-from .files import CheckpointError, atomic_write_text, describe_error
+from .files import CheckpointError, atomic_write_text, describe_error, file_identity
 from .manifest import ALGORITHM, MANIFEST, build_manifest
-from .records import forget
-from .sharded import save_sharded_checkpoint
+from .sharded import forget, save_sharded_checkpoint
 
 __all__ = [
     "MARKER",
@@ -632,13 +631,13 @@ class MemoryTier:
         for path in slot.iterdir():
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
-            elif self._written.get(path) != _identity(path):
+            elif self._written.get(path) != file_identity(path):
                 path.unlink(missing_ok=True)
         return slot
 
     def _keep(self, slot: Path, files: Mapping[str, Any]) -> None:
         """Remember the files this process wrote into ``slot`` (see :meth:`_open_slot`)."""
-        self._written.update({slot / name: _identity(slot / name) for name in files})
+        self._written.update({slot / name: file_identity(slot / name) for name in files})
 
     def _replicate(self, slot: Path, marker: dict[str, Any], group: Any) -> None:
         """Send this rank's snapshot to its replica peers and keep theirs: the markers'
@@ -829,15 +828,6 @@ def _mapped(slot: Path, files: Mapping[str, Any], create: bool = False) -> list[
         else:
             tensors.append(torch.from_file(str(path), shared=create, size=size, dtype=torch.uint8))
     return tensors
-
-
-def _identity(path: Path) -> tuple[int, ...]:
-    """A file as this process last wrote it (an inode number alone is reused at once)."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return ()
-    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def _link_files(slot: Path, out: Path, files: Mapping[str, Any]) -> int:

@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.filesystem import (
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
+from .files import file_identity
 from .full import HashingWriter
 from .manifest import ALGORITHM, new_checksum
 
@@ -292,11 +293,6 @@ def forget(directory: str | os.PathLike[str]) -> None:
         del _LAYOUTS[path]
 
 
-def _identity(path: str) -> tuple[int, ...]:
-    stat = os.stat(path)
-    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-
-
 def _kind(tensor: torch.Tensor) -> tuple[Any, ...] | None:
     """The template key of a tensor written from a template, else None."""
     if not _plain(tensor):
@@ -319,7 +315,7 @@ def _remember(path: str, results: list[WriteResult], planner: SavePlanner) -> No
         if kind is None:
             return  # a record not from a template: written whole next time
         records.append((result.index, kind, result.storage_data.offset))
-    _LAYOUTS[path] = _Layout(records, _identity(path))
+    _LAYOUTS[path] = _Layout(records, file_identity(path))
 
 
 def _rewrite(
@@ -333,11 +329,8 @@ def _rewrite(
     layout = _LAYOUTS.pop(path, None)
     if layout is None or len(items) != len(layout.records):
         return None
-    try:
-        if _identity(path) != layout.identity:
-            return None  # written by another since (a replica, a recovery's copy)
-    except OSError:
-        return None
+    if file_identity(path) != layout.identity:
+        return None  # written by another since (a replica, a recovery's copy)
     by_index = {item.index: item for item in items}
     planned = []
     for index, kind, offset in layout.records:
@@ -372,6 +365,6 @@ def _rewrite(
             os.fsync(fd)
         finally:
             os.close(fd)
-    layout.identity = _identity(path)
+    layout.identity = file_identity(path)
     _LAYOUTS[path] = layout
     return results, whole.hexdigest()

@@ -62,9 +62,10 @@ from ..tree import map_leaves, map_with_path
 from . import planning
 from .agreement import on_every_rank
 from .dcp_index import DCP_METADATA
-from .files import CheckpointError, describe_error
+from .files import CheckpointError, describe_error, file_identity
 from .full import HashingWriter, WrittenFile, load_full_checkpoint, save_full_checkpoint
 from .manifest import ReadCheck
+from .records import forget as forget_records
 from .records import write_records
 from .remote_read import mirror_of
 from .safe_dcp import SafeFileSystemReader
@@ -366,10 +367,11 @@ def save_sharded_checkpoint(
     rank = torch_dist.get_rank() if distributed else 0
     in_world = process_group is None or torch_dist.get_world_size(process_group) == world
     alone = not central_plan and in_world and planning.plannable(tensors, world)
+    digest = planning.signature(tensors) if rewrite or (distributed and not central_plan) else 0
     if distributed and not central_plan:
-        alone = _every_rank_can_plan_alone(tensors, alone, process_group)
+        alone = _every_rank_can_plan_alone(digest, alone, process_group)
     if alone:
-        written = _save_without_gather(tensors, path, rank, world, rewrite)
+        written = _save_without_gather(tensors, path, rank, world, digest if rewrite else None)
         if rank == 0:
             written.append(save_full_checkpoint(skeleton, path / META_FILE))
         return written
@@ -391,15 +393,15 @@ def save_sharded_checkpoint(
 
 
 def _every_rank_can_plan_alone(
-    tensors: Mapping[str, Any], here: bool, group: torch_dist.ProcessGroup | None
+    digest: int, here: bool, group: torch_dist.ProcessGroup | None
 ) -> bool:
     """Whether every rank can plan alone and holds the same entries (the same
-    :func:`.planning.signature`): one all-reduce of three integers, the save's only exchange
-    before the commit. Otherwise (a pipeline stage holding its own layers, a DTensor on a
-    sub-mesh) the ranks save through DCP's central planner, all of them."""
+    :func:`.planning.signature`, ``digest`` here): one all-reduce of three integers, the
+    save's only exchange before the commit. Otherwise (a pipeline stage holding its own
+    layers, a DTensor on a sub-mesh) the ranks save through DCP's central planner, all of
+    them."""
     from torch.distributed.distributed_c10d import _get_object_coll_device
 
-    digest = planning.signature(tensors)
     device = _get_object_coll_device(group)
     votes = torch.tensor([digest, -digest, 0 if here else 1], dtype=torch.int64, device=device)
     torch_dist.all_reduce(votes, op=torch_dist.ReduceOp.MAX, group=group)
@@ -407,38 +409,71 @@ def _every_rank_can_plan_alone(
     return same and int(votes[2]) == 0
 
 
+#: A directory saved into again and again (``rewrite``: a memory snapshot's slot) -> its last
+#: save's plan: ``(rank, world, signature)``, the planned items, the metadata fragment and
+#: rank 0's ``layout.json`` (with the file's identity then), reused by a save of the same key.
+_PLANS: dict[Path, tuple[tuple[int, int, int], Any, Any, tuple[WrittenFile, tuple] | None]] = {}
+
+
 def _save_without_gather(
-    tensors: dict[str, torch.Tensor], path: Path, rank: int, world: int, rewrite: bool = False
+    tensors: dict[str, torch.Tensor], path: Path, rank: int, world: int, repeat: int | None = None
 ) -> list[Path | WrittenFile]:
     """This rank's part of a save planned alone (:mod:`.planning`): its chunks to
     ``__{rank}_0.distcp`` and its metadata fragment to ``__{rank}.metadata`` through DCP's
     writer in its rank-local mode, ``layout.json`` on rank 0. No collective: the commit that
-    follows is the one agreement. A failed write raises on this rank (the commit agrees)."""
-    writer = _RecordingWriter(path, rewrite)
+    follows is the one agreement. A failed write raises on this rank (the commit agrees).
+
+    ``repeat``: the state's signature, for a directory saved into again and again
+    (``rewrite``): a save of the same layout as the last one there reuses its plan and its
+    ``layout.json``, and writes only the tensors' bytes over its data file."""
+    writer = _RecordingWriter(path, repeat is not None)
     planner = DefaultSavePlanner()  # resolves each write item to its tensor (DTensor: local)
     planner.set_up_planner(
         state_dict=tensors, storage_meta=writer.storage_meta(), is_coordinator=rank == 0
     )
     writer.set_up_storage_writer(rank == 0, rank=rank, use_collectives=False)
-    plan, fragment = planning.plan_save(tensors, rank)
-    # what FileSystemWriter.prepare_local_plan does in its rank-local mode, without its check
-    # for another save's index (rank 0's fragment may already be there: this save's)
+    key = (rank, world, repeat)
+    last = _PLANS.pop(path, None)
+    if last is not None and last[0] == key:
+        _, plan, fragment, layout = last
+    else:
+        plan, fragment = planning.plan_save(tensors, rank)
+        # what FileSystemWriter.prepare_local_plan does in its rank-local mode, without its
+        # check for another save's index (rank 0's fragment may already be there: this save's)
+        plan = planner.finish_plan(replace(plan, storage_data=_StoragePrefix(f"__{rank}_")))
+        layout = None
     writer.fs.mkdir(writer.path)
-    plan = planner.finish_plan(replace(plan, storage_data=_StoragePrefix(f"__{rank}_")))
     with _records_without_crc32():
         results = writer.write_data(plan, planner).value()
     writer.finish(fragment, [results])
     written: list[Path | WrittenFile] = list(writer.written)
     if rank == 0:
-        layout = planning.describe(tensors, world).to_json().encode()
         file = path / planning.LAYOUT_FILE
-        with open(file, "wb") as f:
-            hashing = HashingWriter(f)
-            hashing.write(layout)
-            f.flush()
-            os.fsync(f.fileno())
-        written.append(WrittenFile(file, hashing.hexdigest()))
+        if layout is None or file_identity(file) != layout[1]:
+            layout = (_write_layout(file, planning.describe(tensors, world)), file_identity(file))
+        written.append(layout[0])
+    if repeat is not None:
+        _PLANS[path] = (key, plan, fragment, layout)
     return written
+
+
+def _write_layout(file: Path, layout: planning.SaveLayout) -> WrittenFile:
+    with open(file, "wb") as f:
+        hashing = HashingWriter(f)
+        hashing.write(layout.to_json().encode())
+        f.flush()
+        os.fsync(f.fileno())
+    return WrittenFile(file, hashing.hexdigest())
+
+
+def forget(directory: str | os.PathLike[str]) -> None:
+    """Drop what saves with ``rewrite`` keep of the directories under ``directory`` (their
+    plans, their data files' layouts and mapped pages): a memory tier's directory that is
+    removed."""
+    prefix = os.path.join(os.fspath(directory), "")
+    for path in [p for p in _PLANS if os.path.join(os.fspath(p), "").startswith(prefix)]:
+        del _PLANS[path]
+    forget_records(directory)
 
 
 def checked_whole(names: Sequence[str], path: str | os.PathLike[str]) -> list[str]:
