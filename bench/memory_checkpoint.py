@@ -22,13 +22,14 @@ each figure against its baseline measured in the same run, on this machine:
    disk (the sharded checkpoint of the same step, its pages evicted from the page cache), and
    from ``s3://`` (moto's server in this process), with the bytes each tier read or received.
 
-    python bench/memory_checkpoint.py --out memory_checkpoint.json      # ~6 min on 2 cores
+    python bench/memory_checkpoint.py --out memory_checkpoint.json      # ~15 min on 2 cores
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from typing import Any
@@ -262,22 +263,29 @@ def snapshot_and_save(root: str, shm: str, url: str | None) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- the driver
+def _per_round(
+    times: dict[str, list[float]], base: str, rounds: int, per_round: int
+) -> dict[str, list[float]]:
+    """Per contender, each round's (its block's median step / the base block's) - 1."""
+    out = {}
+    for name, ts in times.items():
+        if name == base:
+            continue
+        out[name] = [
+            median(ts[r * per_round : (r + 1) * per_round])
+            / median(times[base][r * per_round : (r + 1) * per_round])
+            - 1
+            for r in range(rounds)
+        ]
+    return out
+
+
 def _ratios(
     times: dict[str, list[float]], base: str, rounds: int, per_round: int
 ) -> dict[str, float]:
     """Per contender, the median over rounds of (its block's median step / the base block's)
     - 1: the added step time."""
-    out = {}
-    for name, ts in times.items():
-        if name == base:
-            continue
-        per = []
-        for r in range(rounds):
-            a = median(ts[r * per_round : (r + 1) * per_round])
-            b = median(times[base][r * per_round : (r + 1) * per_round])
-            per.append(a / b - 1)
-        out[name] = median(per)
-    return out
+    return {n: median(per) for n, per in _per_round(times, base, rounds, per_round).items()}
 
 
 def _slowest(results: list[dict[str, Any]], key: str = "times") -> dict[str, list[float]]:
@@ -314,19 +322,24 @@ def _s3_server():
 
 
 def run(quick: bool = True) -> dict[str, Any]:
-    # ~12 min on 2 cores (run_all runs it in --full only); one process: 8 rounds of 4 steps
-    # (a step's time varies by 5-10 % here, more than the figure measured)
-    rounds = 4
+    # ~15 min on 2 cores (run_all runs it in --full only); one process: 16 rounds of 4 steps
+    # (a step's time varies by 5-10 % here, more than the figure measured: a round's figure
+    # spreads over several percent, and 8 rounds' medians differed by 3 points between runs)
+    rounds, one_rounds = 4, 16
     result: dict[str, Any] = {"size": SIZE, "batch": BATCH}
     with tempfile.TemporaryDirectory(prefix="shardwise-bench-memory-", dir="/dev/shm") as root:
         one = run_ranks(
             "memory_checkpoint:overhead",
             1,
-            dict(root=os.path.join(root, "one"), intervals=[1], rounds=2 * rounds, per_round=4),
+            dict(root=os.path.join(root, "one"), intervals=[1], rounds=one_rounds, per_round=4),
             timeout=1800,
         )[0]
+        per = _per_round(one["times"], "none", one_rounds, 4)["every 1"]
+        quartiles = statistics.quantiles(per, n=4)
         result["one_process"] = dict(
-            added=_ratios(one["times"], "none", 2 * rounds, 4)["every 1"],
+            added=median(per),
+            rounds=one_rounds,
+            added_iqr=[quartiles[0], quartiles[2]],
             step_s=median(one["times"]["none"]),
             snapshot_step_s=median(one["times"]["every 1"]),
             state_mb=one["state_bytes"] / 1e6,
@@ -374,7 +387,7 @@ def run(quick: bool = True) -> dict[str, Any]:
         loops = run_ranks(
             "memory_checkpoint:async_loop",
             1,
-            dict(root=disk, repeats=3 if quick else 8),
+            dict(root=disk, repeats=3 if quick else 10),
             timeout=1800,
         )[0]
         # each round's loops side by side (the machine's pace drifts by more than a save

@@ -11,6 +11,7 @@ describes the mesh and placements a checkpoint is saved from, for its ``meta``.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -59,8 +60,58 @@ __all__ = [
 
 
 def model_state(model: nn.Module, options: StateDictOptions) -> dict[str, Any]:
-    """The model's state dict, keyed as the plain module's keys."""
-    return get_model_state_dict(model, options=options)
+    """The model's state dict, keyed as the plain module's keys.
+
+    torch's helper checks the model's structure on every call (~4 ms of Python for the 25M
+    GPT of bench/, paid by a memory snapshot every step). Where, with options that take the
+    state as it is (:func:`_as_it_is`), it returned the model's own ``state_dict()`` (the same
+    keys, the same tensors: FSDP2, TP, a plain module), the next calls take ``state_dict()``
+    while its keys are those."""
+    if _as_it_is(options):
+        known = _SAME_KEYS.get(model)
+        if known is not None:
+            state = model.state_dict()
+            if tuple(state) == known:
+                return state
+    state = get_model_state_dict(model, options=options)
+    if _as_it_is(options):
+        own = model.state_dict()
+        if list(own) == list(state) and all(_same(own[k], v) for k, v in state.items()):
+            _SAME_KEYS[model] = tuple(own)
+        else:
+            _SAME_KEYS.pop(model, None)
+    return state
+
+
+#: model -> the keys of its ``state_dict()`` when torch's helper returned it as it is
+_SAME_KEYS: weakref.WeakKeyDictionary[nn.Module, tuple[str, ...]] = weakref.WeakKeyDictionary()
+#: optimizer -> (its parameters' ids, the model's id, each parameter index's name) when
+#: torch's helper returned its ``state_dict()`` only renamed
+_NAMES: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[tuple[int, ...], int, dict]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _as_it_is(options: StateDictOptions) -> bool:
+    """Options under which torch's helpers only rename what ``state_dict()`` returns (no
+    gather, offload, broadcast or filter)."""
+    return not (
+        options.full_state_dict
+        or options.cpu_offload
+        or options.ignore_frozen_params
+        or options.broadcast_from_rank0
+        or options.flatten_optimizer_state_dict
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two state entries are one tensor's views (a DTensor's: of its shard)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return a is b
+    if type(a) is not type(b) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    a, b = (t._local_tensor if isinstance(t, DTensor) else t for t in (a, b))
+    return a.device == b.device and (a.numel() == 0 or a.data_ptr() == b.data_ptr())
 
 
 def _dim_names(mesh: DeviceMesh) -> list[str]:
@@ -164,12 +215,73 @@ def get_optim_state(
     torch's helper creates missing state with a zero-gradient step (Adam's step count becomes
     1); an optimizer that has not stepped yet stays as it was."""
     fresh = not wrapper.optimizer.state
-    state = get_optimizer_state_dict(model, wrapper.optimizer, options=options)
+    state = _optimizer_state(model, wrapper.optimizer, options)
     if fresh:
         wrapper.optimizer.state.clear()
         state = {**state, "state": {}}
     extras = {k: v for k, v in wrapper.state_dict().items() if k not in ("state", "param_groups")}
     return {**state, **extras}
+
+
+def _optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, options: StateDictOptions
+) -> dict[str, Any]:
+    """torch's ``get_optimizer_state_dict``; where it returned the optimizer's own
+    ``state_dict()`` with each parameter index replaced by its name (see :func:`model_state`),
+    the next calls with the same parameters in the groups rename ``state_dict()`` as it did."""
+    params = tuple(id(p) for group in optimizer.param_groups for p in group["params"])
+    if _as_it_is(options) and optimizer.state:
+        known = _NAMES.get(optimizer)
+        renamed = None
+        if known is not None and known[:2] == (params, id(model)):
+            renamed = _renamed(optimizer.state_dict(), known[2])
+        if renamed is not None:
+            return renamed
+    state = get_optimizer_state_dict(model, optimizer, options=options)
+    _NAMES.pop(optimizer, None)
+    if _as_it_is(options) and optimizer.state:
+        own = optimizer.state_dict()
+        names = {
+            index: name
+            for ours, theirs in zip(own["param_groups"], state["param_groups"], strict=False)
+            for index, name in zip(ours["params"], theirs["params"], strict=False)
+        }
+        renamed = _renamed(own, names) if len(names) == len(params) else None
+        if renamed is not None and _same_optimizer_state(renamed, state):
+            _NAMES[optimizer] = (params, id(model), names)
+    return state
+
+
+def _renamed(own: Mapping[str, Any], names: Mapping[int, str]) -> dict[str, Any] | None:
+    """An optimizer's ``state_dict()`` keyed by parameter name (None: an index unnamed)."""
+    try:
+        return {
+            "state": {names[index]: value for index, value in own["state"].items()},
+            "param_groups": [
+                {**group, "params": [names[i] for i in group["params"]]}
+                for group in own["param_groups"]
+            ],
+        }
+    except KeyError:
+        return None
+
+
+def _same_optimizer_state(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> bool:
+    """Whether two optimizer state dicts hold the same entries, the same tensors."""
+    try:
+        if set(ours) != set(theirs) or ours["param_groups"] != theirs["param_groups"]:
+            return False
+    except RuntimeError:  # a tensor hyperparameter of several elements
+        return False
+    state, other = ours["state"], theirs["state"]
+    if list(state) != list(other):
+        return False
+    for name, entry in state.items():
+        if list(entry) != list(other[name]):
+            return False
+        if not all(_same(v, other[name][k]) for k, v in entry.items()):
+            return False
+    return True
 
 
 def load_optim_state(
