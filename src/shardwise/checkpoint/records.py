@@ -293,11 +293,11 @@ def forget(directory: str | os.PathLike[str]) -> None:
         del _LAYOUTS[path]
 
 
-def _kind(tensor: torch.Tensor) -> tuple[Any, ...] | None:
+def _kind(tensor: torch.Tensor, alignment: int) -> tuple[Any, ...] | None:
     """The template key of a tensor written from a template, else None."""
     if not _plain(tensor):
         return None
-    key = (tensor.dtype, tuple(tensor.shape), tensor.stride(), _alignment())
+    key = (tensor.dtype, tuple(tensor.shape), tensor.stride(), alignment)
     return key if _TEMPLATES.get(key) is not None else None
 
 
@@ -309,9 +309,9 @@ def _local(planner: SavePlanner, fqn: str) -> torch.Tensor:
 
 
 def _remember(path: str, results: list[WriteResult], planner: SavePlanner) -> None:
-    records = []
+    records, alignment = [], _alignment()
     for result in results:
-        kind = _kind(_local(planner, result.index.fqn))
+        kind = _kind(_local(planner, result.index.fqn), alignment)
         if kind is None:
             return  # a record not from a template: written whole next time
         records.append((result.index, kind, result.storage_data.offset))
@@ -332,13 +332,13 @@ def _rewrite(
     if file_identity(path) != layout.identity:
         return None  # written by another since (a replica, a recovery's copy)
     by_index = {item.index: item for item in items}
-    planned = []
+    planned, alignment = [], _alignment()
     for index, kind, offset in layout.records:
         item = by_index.get(index)
         if item is None or item.type == WriteItemType.BYTE_IO:
             return None
         tensor = _local(planner, index.fqn)
-        if _kind(tensor) != kind:
+        if _kind(tensor, alignment) != kind:
             return None
         planned.append((item, tensor, _TEMPLATES[kind], offset))
     if layout.mapped is None:
